@@ -1,0 +1,60 @@
+"""Errors raised by the client, one per way the evaluation service can fail.
+
+    SnekboxError
+    ├── EvaluatorUnavailable   nothing answered at the URL (connection refused, DNS, reset)
+    ├── EvaluatorTimeout       the service accepted the request but did not answer in time
+    ├── EvaluatorRejected      the service answered 4xx/5xx (``title`` / ``description`` kept)
+    └── InvalidResponse        the service answered 200 with something that is not an eval result
+
+A user's code failing is not an error here: it is an :class:`EvalResult` with a non-zero
+``returncode``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EvaluatorRejected",
+    "EvaluatorTimeout",
+    "EvaluatorUnavailable",
+    "InvalidResponse",
+    "SnekboxError",
+]
+
+
+class SnekboxError(Exception):
+    """Base class: the evaluation service could not evaluate the request."""
+
+
+class EvaluatorUnavailable(SnekboxError):
+    """Nothing answered at the service's URL."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"the evaluation service at {url} is unreachable: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class EvaluatorTimeout(SnekboxError):
+    """The service did not answer within the client's timeout."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        super().__init__(f"the evaluation service at {url} did not answer within {timeout:g} s")
+        self.url = url
+        self.timeout = timeout
+
+
+class EvaluatorRejected(SnekboxError):
+    """The service answered with an error status; ``title`` and ``description`` are its own."""
+
+    def __init__(self, status_code: int, title: str, description: str | None = None) -> None:
+        message = f"the evaluation service answered {status_code}: {title}"
+        if description:
+            message += f" ({description})"
+        super().__init__(message)
+        self.status_code = status_code
+        self.title = title
+        self.description = description
+
+
+class InvalidResponse(SnekboxError):
+    """The service answered 200, but the body is not a valid eval result."""
