@@ -1,0 +1,42 @@
+"""The built-in evaluation service: Snekbox's ``POST /eval`` API, code isolated by bubblewrap.
+
+In-process, as the gateway uses it::
+
+    evaluator = Evaluator(EvaluatorConfig())
+    await evaluator.start()            # raises SandboxUnavailable, saying what to do
+    app = create_app(evaluator)        # POST /eval, OPTIONS /eval
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://evaluator")
+    ...
+    await evaluator.aclose()
+
+As a service of its own: ``python -m evaluator`` (see ``--help``).
+"""
+
+from .api import create_app
+from .config import EvaluatorConfig
+from .errors import (
+    EvaluatorError,
+    InvalidExecutable,
+    InvalidFile,
+    QueueFull,
+    RequestInvalid,
+    SandboxUnavailable,
+)
+from .models import EvalRequest, EvalResult, FileAttachment, Limit
+from .service import Evaluator
+
+__all__ = [
+    "EvalRequest",
+    "EvalResult",
+    "Evaluator",
+    "EvaluatorConfig",
+    "EvaluatorError",
+    "FileAttachment",
+    "InvalidExecutable",
+    "InvalidFile",
+    "Limit",
+    "QueueFull",
+    "RequestInvalid",
+    "SandboxUnavailable",
+    "create_app",
+]

@@ -1,0 +1,245 @@
+"""Per-run cgroups: the memory and process limits, and a sure way to kill a run's processes.
+
+cgroup v2 is used where this process may create children with the memory and pids controllers
+(a delegated subtree); else cgroup v1's memory and pids hierarchies where they are writable
+(as root on hosts like this one); else nothing, and the jail falls back to rlimits. Each run gets
+``<hierarchy>/<name>/<service pid>-<n>``; directories left by a service that died are swept at
+start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from .procfs import alive
+
+__all__ = ["Cgroups", "RunCgroup"]
+
+log = logging.getLogger(__name__)
+
+_RUN_NAME = re.compile(r"(\d+)-\d+")
+# Shared by every Cgroups of this process, so that two evaluators never pick the same name.
+_run_numbers = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class _Hierarchy:
+    """One place where run cgroups are created, and the limit files written in each."""
+
+    parent: Path
+    limits: tuple[tuple[str, str], ...]
+    kill_file: bool
+
+
+class RunCgroup:
+    """The cgroup directories of one run (one per v1 hierarchy, or a single v2 one)."""
+
+    def __init__(self, dirs: tuple[Path, ...], kill_file: bool) -> None:
+        self.dirs = dirs
+        self._kill_file = kill_file
+
+    @property
+    def procs_files(self) -> tuple[str, ...]:
+        """Files the run's first process writes its pid into, before it starts anything."""
+        return tuple(str(d / "cgroup.procs") for d in self.dirs)
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for d in self.dirs:
+            try:
+                found.update(int(line) for line in (d / "cgroup.procs").read_text().split())
+            except FileNotFoundError:
+                continue
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL every process in the cgroup (a fork racing with this is caught next time)."""
+        if self._kill_file:
+            try:
+                (self.dirs[0] / "cgroup.kill").write_text("1")
+                return
+            except OSError:
+                pass
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def remove(self) -> bool:
+        """Remove the directories; False while processes are still leaving (EBUSY)."""
+        done = True
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                done = False
+        return done
+
+
+class Cgroups:
+    """The cgroup support of this machine, and the factory of run cgroups."""
+
+    def __init__(self, hierarchies: dict[str, _Hierarchy], version: int | None) -> None:
+        self._hierarchies = hierarchies
+        self.version = version
+
+    @classmethod
+    def detect(cls, name: str, memory_bytes: int, pids_max: int) -> Cgroups:
+        """Find where run cgroups can be created, preferring v2; never raises."""
+        mounts = _cgroup_mounts()
+        v2 = _setup_v2(mounts, name, memory_bytes, pids_max)
+        if v2 is not None:
+            return cls({"memory": v2, "pids": v2}, 2)
+        found: dict[str, _Hierarchy] = {}
+        for controller, limits in (
+            ("memory", _v1_memory_limits(memory_bytes)),
+            ("pids", (("pids.max", str(pids_max)),)),
+        ):
+            root = mounts.get(controller)
+            if root is None:
+                continue
+            parent = root / name
+            try:
+                parent.mkdir(exist_ok=True)
+            except OSError as exc:
+                log.debug("cgroup v1 %s at %s is not usable: %s", controller, parent, exc)
+                continue
+            if controller == "memory" and not (root / "memory.memsw.limit_in_bytes").exists():
+                limits = limits[:1]
+            found[controller] = _Hierarchy(parent, limits, kill_file=False)
+        return cls(found, 1 if found else None)
+
+    @property
+    def memory(self) -> str | None:
+        """How memory is limited, or ``None`` when no cgroup does it."""
+        if "memory" not in self._hierarchies:
+            return None
+        if self.version == 2:
+            return "cgroup v2 memory.max, memory.swap.max=0"
+        files = [f for f, _ in self._hierarchies["memory"].limits]
+        return "cgroup v1 " + " + ".join(files)
+
+    @property
+    def pids(self) -> str | None:
+        """How processes are limited, or ``None`` when no cgroup does it."""
+        if "pids" not in self._hierarchies:
+            return None
+        return f"cgroup v{self.version} pids.max"
+
+    def create(self) -> RunCgroup | None:
+        """Create a run's cgroup with its limits; ``None`` when there is no cgroup support."""
+        if not self._hierarchies:
+            return None
+        run_name = f"{os.getpid()}-{next(_run_numbers)}"
+        dirs: list[Path] = []
+        try:
+            for hierarchy in {id(h): h for h in self._hierarchies.values()}.values():
+                d = hierarchy.parent / run_name
+                d.mkdir()
+                dirs.append(d)
+                for file, value in hierarchy.limits:
+                    (d / file).write_text(value)
+        except OSError:
+            for d in dirs:
+                d.rmdir()
+            raise
+        return RunCgroup(tuple(dirs), self.version == 2)
+
+    def sweep(self) -> int:
+        """Remove run cgroups left by evaluator processes that no longer exist."""
+        removed = 0
+        for hierarchy in {id(h): h for h in self._hierarchies.values()}.values():
+            for d in hierarchy.parent.iterdir():
+                match = _RUN_NAME.fullmatch(d.name)
+                if match is None or not d.is_dir() or alive(int(match[1])):
+                    continue
+                stale = RunCgroup((d,), hierarchy.kill_file)
+                stale.kill()
+                if stale.remove():
+                    removed += 1
+                else:
+                    log.warning(
+                        "stale cgroup %s is still busy; it will be retried at next start", d
+                    )
+        return removed
+
+
+def _v1_memory_limits(memory_bytes: int) -> tuple[tuple[str, str], ...]:
+    # memsw (memory + swap) may only be set at or above limit_in_bytes: write that one first.
+    return (
+        ("memory.limit_in_bytes", str(memory_bytes)),
+        ("memory.memsw.limit_in_bytes", str(memory_bytes)),
+    )
+
+
+def _setup_v2(
+    mounts: dict[str, Path], name: str, memory_bytes: int, pids_max: int
+) -> _Hierarchy | None:
+    """Our own v2 cgroup, when it delegates memory and pids to children we may create."""
+    root = mounts.get("cgroup2")
+    own = _own_v2_cgroup()
+    if root is None or own is None:
+        return None
+    base = root / own.lstrip("/")
+    try:
+        controllers = (base / "cgroup.controllers").read_text().split()
+        if not {"memory", "pids"} <= set(controllers):
+            return None
+        enabled = (base / "cgroup.subtree_control").read_text().split()
+        if not {"memory", "pids"} <= set(enabled):
+            # Fails (EBUSY) when our cgroup holds processes and is not a namespace root.
+            (base / "cgroup.subtree_control").write_text("+memory +pids")
+        parent = base / name
+        parent.mkdir(exist_ok=True)
+        (parent / "cgroup.subtree_control").write_text("+memory +pids")
+    except OSError as exc:
+        log.debug("cgroup v2 at %s is not delegated to us: %s", base, exc)
+        return None
+    limits = (
+        ("memory.max", str(memory_bytes)),
+        ("memory.swap.max", "0"),
+        ("pids.max", str(pids_max)),
+    )
+    return _Hierarchy(parent, limits, kill_file=(parent / "cgroup.kill").exists())
+
+
+def _cgroup_mounts() -> dict[str, Path]:
+    """Mount points by controller (v1) and ``cgroup2`` for the unified hierarchy."""
+    found: dict[str, Path] = {}
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        fields = line.split()
+        sep = fields.index("-")
+        fstype, options = fields[sep + 1], fields[sep + 3].split(",")
+        mount_point = Path(fields[4])
+        if fstype == "cgroup2":
+            found.setdefault("cgroup2", mount_point)
+        elif fstype == "cgroup":
+            for controller in ("memory", "pids"):
+                if controller in options:
+                    found.setdefault(controller, mount_point)
+    return found
+
+
+def _own_v2_cgroup() -> str | None:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:]
+    except OSError:
+        pass
+    return None

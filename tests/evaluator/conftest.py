@@ -1,0 +1,48 @@
+"""The evaluator under test: real sandboxes with short limits, reached through the ASGI app."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from evaluator import Evaluator, EvaluatorConfig, create_app
+
+TIME_LIMIT = 2.0
+
+
+def config(**overrides: Any) -> EvaluatorConfig:
+    """Short limits, so that hostile runs end fast."""
+    values: dict[str, Any] = {"time_limit": TIME_LIMIT, "concurrency": 2}
+    values.update(overrides)
+    return EvaluatorConfig(**values)
+
+
+@pytest.fixture(scope="module")
+async def evaluator() -> AsyncIterator[Evaluator]:
+    async with Evaluator(config()) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+async def client(evaluator: Evaluator) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(create_app(evaluator))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://evaluator", timeout=30
+    ) as http:
+        yield http
+
+
+async def run(client: httpx.AsyncClient, code: str, **body: Any) -> dict[str, Any]:
+    """POST ``code`` as ``input``; return the 200 answer's JSON."""
+    response = await client.post("/eval", json={"input": code, **body})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")

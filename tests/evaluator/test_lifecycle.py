@@ -1,0 +1,127 @@
+"""Start-up checks, and clean-up: nothing of any run outlives it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from evaluator import EvalRequest, Evaluator, SandboxUnavailable
+
+from .conftest import config
+
+_HOSTILE = [
+    "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
+    "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0: time.sleep(60)\n"
+    "    os._exit(0)",
+    "while True: pass",
+    "x = bytearray(2 * 1024 ** 3)",
+    "while True: print('flood' * 100)",
+    "import os; os.symlink('/etc/shadow', 'leak'); os.mkfifo('fifo')",
+    "import threading, time\nfor _ in range(500):\n"
+    "    try: threading.Thread(target=time.sleep, args=(60,)).start()\n"
+    "    except RuntimeError: pass",
+    "open('/home/x', 'wb').write(b'x' * 100 * 1024 * 1024)",
+    "import ctypes; ctypes.string_at(0)",
+]
+
+
+def _leftovers(evaluator_pid: int, root: Path) -> dict[str, list[str]]:
+    """Run cgroups, mounts, directories and child processes this process still has."""
+    me = os.getpid()
+    cgroups = [
+        str(d)
+        for hierarchy in Path("/sys/fs/cgroup").glob("*/evaluator")
+        for d in hierarchy.iterdir()
+        if d.is_dir() and d.name.startswith(f"{evaluator_pid}-")
+    ]
+    mounts = [
+        line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(root) in line
+    ]
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == me:
+                children.append(stat)
+    return {"cgroups": cgroups, "mounts": mounts, "dirs": [str(root)] * root.exists(),
+            "children": children}  # fmt: skip
+
+
+async def test_nothing_is_left_after_a_batch_of_hostile_runs() -> None:
+    evaluator = Evaluator(config(concurrency=2, max_queue=20))
+    await evaluator.start()
+    assert evaluator._root is not None
+    root = evaluator._root.path
+    with anyio.fail_after(60):
+        results = await asyncio.gather(
+            *(evaluator.run(EvalRequest(("-c", code))) for code in _HOSTILE)
+        )
+        await evaluator.aclose()
+    assert [r.returncode for r in results] == [137, 0, 137, 137, 143, 0, 137, 1, 139]
+    assert _leftovers(os.getpid(), root) == {
+        "cgroups": [],
+        "mounts": [],
+        "dirs": [],
+        "children": [],
+    }
+
+
+async def test_without_prewarming() -> None:
+    async with Evaluator(config(prewarm=False)) as evaluator:
+        result = await evaluator.run(EvalRequest(("-c", "print(2 + 2)")))
+        assert (result.stdout, result.returncode) == ("4\n", 0)
+
+
+async def test_missing_bwrap_is_explained() -> None:
+    with pytest.raises(SandboxUnavailable) as caught:
+        await Evaluator(config(bwrap="/nonexistent/bwrap")).start()
+    message = str(caught.value)
+    assert "bubblewrap was not found" in message
+    assert "install bubblewrap" in message and "SNEKBOX_URL" in message
+
+
+async def test_broken_sandbox_is_explained(tmp_path: Path) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(SandboxUnavailable) as caught:
+        await Evaluator(config(bwrap=str(fake))).start()
+    assert "No permissions to create new namespace" in str(caught.value)
+    assert "user namespaces" in str(caught.value)
+
+
+async def test_limits_in_force_on_this_machine() -> None:
+    async with Evaluator(config()) as evaluator:
+        limits = {limit.name: limit for limit in evaluator.limits_in_force()}
+    assert set(limits) == {
+        "time", "memory", "processes", "output", "working directory", "output files", "network",
+        "file system", "syscalls",
+    }  # fmt: skip
+    if os.geteuid() == 0:  # as here: cgroup v1, tmpfs, seccomp
+        assert all(limit.enforced for limit in limits.values()), limits
+        assert "cgroup" in limits["memory"].how and "cgroup" in limits["processes"].how
+
+
+async def test_stale_sandboxes_of_a_dead_evaluator_are_swept(tmp_path: Path) -> None:
+    finished = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
+    stale = _plant_stale_sandbox(tmp_path, int(finished.stdout))
+    async with Evaluator(config(workdir_root=str(tmp_path), prewarm=False)):
+        assert not any(path.exists() for path in stale)
+
+
+def _plant_stale_sandbox(directory: Path, dead_pid: int) -> list[Path]:
+    """What an evaluator killed with SIGKILL leaves: its private directory and empty cgroups."""
+    stale_dir = directory / f"evaluator-{dead_pid}-abc"
+    (stale_dir / "run-x").mkdir(parents=True)
+    cgroups = [h / f"{dead_pid}-1" for h in Path("/sys/fs/cgroup").glob("*/evaluator")]
+    for cgroup in cgroups:
+        cgroup.mkdir()
+    return [stale_dir, *cgroups]

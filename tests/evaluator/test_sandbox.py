@@ -1,0 +1,351 @@
+"""What code inside the sandbox can and cannot do: each test is a real run."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from evaluator import Evaluator, create_app
+
+from .conftest import TIME_LIMIT, b64, config, run
+
+
+async def test_runs_as_nobody_without_capabilities(client: httpx.AsyncClient) -> None:
+    code = (
+        "import os\n"
+        "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('Cap')]\n"
+        "print(os.getuid(), os.getgid(), caps)"
+    )
+    result = await run(client, code)
+    assert result["stdout"] == f"65534 65534 {['0000000000000000'] * 5}\n"
+
+
+async def test_stdout_and_stderr_are_merged_in_order(client: httpx.AsyncClient) -> None:
+    code = "import sys\nfor i in range(3):\n print(i)\n print(-i, file=sys.stderr)"
+    result = await run(client, code)
+    assert result["stdout"] == "0\n0\n1\n-1\n2\n-2\n"
+
+
+async def test_exception_is_1(client: httpx.AsyncClient) -> None:
+    result = await run(client, "1/0")
+    assert result["returncode"] == 1
+    assert result["stdout"].endswith("ZeroDivisionError: division by zero\n")
+
+
+async def test_segfault_is_139(client: httpx.AsyncClient) -> None:
+    result = await run(client, "import ctypes; ctypes.string_at(0)")
+    assert result["returncode"] == 139
+
+
+async def test_signal_is_128_plus_n(client: httpx.AsyncClient) -> None:
+    result = await run(client, "import os, signal; os.kill(os.getpid(), signal.SIGUSR1)")
+    assert result["returncode"] == 128 + 10
+
+
+async def test_infinite_loop_is_killed_at_the_time_limit(client: httpx.AsyncClient) -> None:
+    started = time.monotonic()
+    result = await run(client, "print('started', flush=True)\nwhile True: pass")
+    elapsed = time.monotonic() - started
+    assert result["returncode"] == 137
+    assert result["stdout"] == "started\n"
+    assert TIME_LIMIT <= elapsed < TIME_LIMIT + 1
+
+
+async def test_memory_bomb_is_137(client: httpx.AsyncClient) -> None:
+    result = await run(client, "x = bytearray(1024 * 1024 * 1024)\nprint('survived')")
+    assert (result["returncode"], result["stdout"]) == (137, "")
+
+
+async def test_fork_bomb_stops_at_the_pids_limit(client: httpx.AsyncClient) -> None:
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print(n, e.errno)"
+    )
+    started = time.monotonic()
+    result = await run(client, code)
+    forks, errno_ = map(int, result["stdout"].split())
+    assert 10 < forks < 64
+    assert errno_ == 11  # EAGAIN
+    assert result["returncode"] == 0
+    assert time.monotonic() - started < TIME_LIMIT  # the run ends, the children die with it
+
+
+async def test_thread_bomb_stops_at_the_pids_limit(client: httpx.AsyncClient) -> None:
+    code = (
+        "import threading, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1\n"
+        "except RuntimeError as e:\n"
+        "    print(n, e)"
+    )
+    result = await run(client, code)
+    count, message = result["stdout"].split(" ", 1)
+    assert 10 < int(count) < 64
+    assert message == "can't start new thread\n"
+
+
+async def test_double_forked_daemon_is_gone_after_the_run(client: httpx.AsyncClient) -> None:
+    marker = f"daemon-marker-{os.getpid()}-{time.monotonic_ns()}"
+    code = (
+        "import os, signal, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):\n"
+        "            signal.signal(s, signal.SIG_IGN)\n"
+        "        os.execv(sys.executable,\n"
+        f"                 [sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'])\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.5)\n"
+        "print('parent done')"
+    )
+    result = await run(client, code)
+    assert result["stdout"] == "parent done\n"
+    assert not list(_processes_with(marker))
+
+
+async def test_output_flood_is_143(client: httpx.AsyncClient) -> None:
+    result = await run(client, "while True: print('x' * 1000)")
+    assert result["returncode"] == 143
+    assert len(result["stdout"]) == 1_000_000
+
+
+async def test_invalid_utf8_output(client: httpx.AsyncClient) -> None:
+    result = await run(client, "import sys; sys.stdout.buffer.write(b'ok\\xff\\xfe')")
+    assert result == {
+        "stdout": "UnicodeDecodeError: invalid Unicode in output pipe",
+        "returncode": None,
+        "files": [],
+    }
+
+
+async def test_network_is_unreachable(client: httpx.AsyncClient) -> None:
+    with socket.socket() as listener:  # a port of this host that is listening
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = (
+            "import socket, time\n"
+            f"for host, port in [('127.0.0.1', {port}), ('127.0.0.1', 8060), ('192.0.2.1', 80),"
+            " ('10.0.0.1', 53), ('::1', 80)]:\n"
+            "    t = time.monotonic()\n"
+            "    try:\n"
+            "        socket.create_connection((host, port), timeout=5).close()\n"
+            "        print('CONNECTED')\n"
+            "    except OSError as e:\n"
+            "        print(host, e.errno, round(time.monotonic() - t) == 0)\n"
+            "try:\n"
+            "    socket.getaddrinfo('example.com', 80); print('RESOLVED')\n"
+            "except socket.gaierror as e:\n"
+            "    print('dns', e.errno)\n"
+            "print(sorted(name for _, name in socket.if_nameindex()))"
+        )
+        result = await run(client, code)
+    lines = result["stdout"].splitlines()
+    assert "CONNECTED" not in result["stdout"] and "RESOLVED" not in result["stdout"]
+    assert lines[:2] == ["127.0.0.1 111 True", "127.0.0.1 111 True"]  # ECONNREFUSED: lo is down
+    assert lines[2:5] == ["192.0.2.1 101 True", "10.0.0.1 101 True", "::1 111 True"]
+    assert lines[5] == "dns -3"
+    assert lines[6] == "['lo']"
+
+
+async def test_host_files_are_invisible(client: httpx.AsyncClient) -> None:
+    code = (
+        "import os\n"
+        "for p in ['/etc/shadow', '/etc/passwd', '/work/main/pyproject.toml', '/root/.bashrc',"
+        " '/tmp', '/home/../etc', '/sys/fs/cgroup', '/var', '/usr/bin/python3', '/bin/sh']:\n"
+        "    print(p, os.path.exists(p))\n"
+        "print(sorted(os.listdir('/')), os.listdir('/work'), os.listdir('/work/main'),"
+        " os.listdir('/root'))"
+    )
+    result = await run(client, code)
+    lines = result["stdout"].splitlines()
+    assert all(line.endswith(" False") for line in lines[:-1]), lines
+    assert lines[-1] == (
+        "['dev', 'home', 'lib', 'lib64', 'proc', 'root', 'usr', 'work'] ['main'] ['.venv'] "
+        "['.pyenv']"
+    )
+
+
+async def test_host_environment_is_invisible(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_SECRET_TOKEN", "s3cr3t-value")
+    code = (
+        "import os\n"
+        "print(sorted(os.environ))\n"
+        "print(b's3cr3t' in open('/proc/1/environ', 'rb').read(),"
+        " b's3cr3t' in open('/proc/self/environ', 'rb').read())"
+    )
+    result = await run(client, code)
+    names, proc = result["stdout"].splitlines()
+    assert set(ast.literal_eval(names)) == {
+        "HOME", "PATH", "PWD", "LANG", "PYTHONUNBUFFERED", "PYTHONIOENCODING",
+        "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+        "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "MPLBACKEND", "MPLCONFIGDIR", "TMPDIR",
+    }  # fmt: skip
+    assert proc == "False False"
+
+
+async def test_host_processes_are_invisible(client: httpx.AsyncClient) -> None:
+    code = "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    result = await run(client, code)
+    assert result["stdout"] == "[1, 2]\n"  # bwrap's init and the code itself
+
+
+async def test_writes_outside_the_working_directory_fail(client: httpx.AsyncClient) -> None:
+    code = (
+        "import os\n"
+        "for d in ['/', '/usr/lib/x86_64-linux-gnu', '/work/main/.venv', '/root', '/dev',"
+        " '/proc', '/tmp', '/lib']:\n"
+        "    try:\n"
+        "        open(os.path.join(d, 'x'), 'w').close(); print(d, 'WRITTEN')\n"
+        "    except OSError as e:\n"
+        "        print(d, 'refused')\n"
+        "open('/home/ok', 'w').close(); open('/dev/shm/ok', 'w').close(); print('home ok')"
+    )
+    result = await run(client, code)
+    assert "WRITTEN" not in result["stdout"]
+    assert result["stdout"].endswith("home ok\n")
+
+
+async def test_working_directory_size_is_bounded(client: httpx.AsyncClient) -> None:
+    code = (
+        "import errno\n"
+        "try:\n"
+        "    with open('big', 'wb') as f:\n"
+        "        for _ in range(60): f.write(b'x' * 1024 * 1024)\n"
+        "except OSError as e:\n"
+        "    print(errno.errorcode[e.errno])\n"
+        "import os; os.remove('big')\n"
+        "try:\n"
+        "    for i in range(5000): open(f'_f{i}', 'w').close()\n"
+        "except OSError as e:\n"
+        "    print(errno.errorcode[e.errno], i < 4096)"
+    )
+    result = await run(client, code)
+    assert result["stdout"] == "ENOSPC\nENOSPC True\n"
+
+
+async def test_seccomp_denies_namespaces_mount_and_ptrace(client: httpx.AsyncClient) -> None:
+    code = (
+        "import ctypes, errno\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.unshare(0x10000000), errno.errorcode[ctypes.get_errno()])\n"
+        "print(libc.mount(b'none', b'/home', b'tmpfs', 0, None),\n"
+        "      errno.errorcode[ctypes.get_errno()])\n"
+        "print(libc.ptrace(0, 0, 0, 0), errno.errorcode[ctypes.get_errno()])"
+    )
+    result = await run(client, code)
+    assert result["stdout"] == "-1 EPERM\n-1 EPERM\n-1 EPERM\n"
+
+
+async def test_multiprocessing_works(client: httpx.AsyncClient) -> None:
+    code = (
+        "import multiprocessing as mp\n"
+        "if __name__ == '__main__':\n"
+        "    with mp.Pool(2) as pool: print(pool.map(abs, [-1, -2, -3]))"
+    )
+    result = await run(client, code)
+    assert (result["stdout"], result["returncode"]) == ("[1, 2, 3]\n", 0)
+
+
+async def test_numpy_pandas_matplotlib_savefig() -> None:
+    # Importing the three takes 1-3 s on a busy 2-core machine: more than the suite's limit.
+    async with Evaluator(config(time_limit=30)) as roomy:
+        app = create_app(roomy)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app), base_url="http://x", timeout=60
+        ) as client:
+            result = await run(client, _PLOT)
+    assert (result["stdout"], result["returncode"]) == ("30\n", 0)
+    [png] = result["files"]
+    assert png["path"] == "plot.png"
+    assert base64.b64decode(png["content"]).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+_PLOT = (
+    "import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
+    "df = pd.DataFrame({'x': np.arange(5), 'y': np.arange(5) ** 2})\n"
+    "df.plot(x='x', y='y')\n"
+    "plt.savefig('plot.png')\n"
+    "print(df['y'].sum())"
+)
+
+
+async def test_output_files_follow_snekbox_rules(client: httpx.AsyncClient) -> None:
+    code = (
+        "import os\n"
+        "os.makedirs('out/deep', exist_ok=True); os.makedirs('.hidden'); os.makedirs('_private')\n"
+        "for p in ['a.txt', 'out/deep/b.txt', '_skipped', '.skipped', '.hidden/c', '_private/d',"
+        " 'modified.txt']:\n"
+        "    open(p, 'w').write(p)\n"
+    )
+    files = [
+        {"path": "unchanged.txt", "content": b64(b"same")},
+        {"path": "modified.txt", "content": b64(b"before")},
+    ]
+    result = await run(client, code, files=files)
+    returned = {f["path"]: base64.b64decode(f["content"]) for f in result["files"]}
+    assert returned == {
+        "_private/d": b"_private/d",
+        "a.txt": b"a.txt",
+        "modified.txt": b"modified.txt",
+        "out/deep/b.txt": b"out/deep/b.txt",
+    }
+    assert [f["path"] for f in result["files"]] == sorted(returned)
+    assert all(f["size"] == len(returned[f["path"]]) for f in result["files"])
+
+
+async def test_symlinks_and_fifos_never_leak(client: httpx.AsyncClient) -> None:
+    code = (
+        "import os\n"
+        "os.symlink('/etc/shadow', 'shadow'); os.symlink('/etc/passwd', 'passwd')\n"
+        "os.symlink('/', 'root'); os.symlink('/work/main/pyproject.toml', 'project')\n"
+        "os.mkfifo('fifo'); open('real.txt', 'w').write('real')"
+    )
+    result = await run(client, code)
+    assert [(f["path"], f["content"]) for f in result["files"]] == [("real.txt", b64(b"real"))]
+
+
+async def test_at_most_100_files(client: httpx.AsyncClient) -> None:
+    result = await run(client, "for i in range(150): open(f'f{i:03}', 'w').write(str(i))")
+    assert [f["path"] for f in result["files"]] == [f"f{i:03}" for i in range(100)]
+
+
+async def test_huge_and_sparse_files(client: httpx.AsyncClient) -> None:
+    code = (
+        "open('a.bin', 'wb').write(b'\\1' * 5_000_000)\n"
+        "with open('b.bin', 'wb') as f: f.truncate(10**9)  # sparse: takes no space\n"
+        "open('c.txt', 'w').write('c')"
+    )
+    result = await run(client, code)
+    # In path order, until the total exceeds the working directory's size.
+    assert [(f["path"], f["size"]) for f in result["files"]] == [("a.bin", 5_000_000)]
+
+
+def _processes_with(marker: str) -> Iterator[int]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    yield int(entry.name)
+            except OSError:
+                continue
