@@ -1,0 +1,125 @@
+"""The package's public surface: the request it builds and the names it promises."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+import plotting
+from plotting import (
+    CODE_NAME,
+    PNG_SIGNATURE,
+    PRELUDE_NAME,
+    SUPPORT_NAME,
+    build_request,
+    figure_number,
+    is_figure,
+    prelude_files,
+    split_figures,
+)
+from snekbox_client import File
+
+from .conftest import RunCode
+
+
+def test_exported_members() -> None:
+    assert set(plotting.__all__) == {
+        "CODE_FILENAME",
+        "CODE_NAME",
+        "FIGURE_DPI",
+        "FIGURE_MAX_PIXELS",
+        "FIGURE_PATTERN",
+        "PNG_SIGNATURE",
+        "PRELUDE_NAME",
+        "SUPPORT_NAME",
+        "build_request",
+        "figure_number",
+        "is_figure",
+        "prelude_files",
+        "split_figures",
+    }
+    for name in plotting.__all__:
+        assert getattr(plotting, name) is not None
+
+
+def test_build_request_sends_the_prelude_and_the_code_as_files() -> None:
+    request = build_request("print('é')", executable_path="/usr/bin/python3")
+    assert request.input is None
+    assert list(request.args or ()) == [PRELUDE_NAME]
+    prelude, support = prelude_files()
+    assert [(f.path, f.content) for f in request.files] == [
+        (PRELUDE_NAME, prelude.content),
+        (SUPPORT_NAME, support.content),
+        (CODE_NAME, "print('é')".encode()),
+    ]
+    assert request.executable_path == "/usr/bin/python3"
+    body = request.to_json()
+    assert set(body) == {"args", "files", "executable_path"}
+    assert build_request("1").to_json().keys() == {"args", "files"}
+
+
+def test_helper_files_are_never_returned_and_figures_are() -> None:
+    # Snekbox returns files matching **/[!_]* that are not hidden.
+    for name in (PRELUDE_NAME, SUPPORT_NAME, CODE_NAME):
+        assert name.startswith("_")
+    assert not is_figure(PRELUDE_NAME) and is_figure("figure_001.png")
+
+
+@pytest.mark.parametrize(("index", "source"), [(0, "_prelude.py"), (1, "_support.py")])
+def test_the_files_sent_are_the_packaged_ones_and_importing_them_does_nothing(
+    index: int, source: str
+) -> None:
+    path = Path(plotting.__file__).parent / source
+    assert prelude_files()[index].content == path.read_bytes()
+    meta_path, main, argv = list(sys.meta_path), sys.modules["__main__"], list(sys.argv)
+    spec = importlib.util.spec_from_file_location("copy_of_" + path.stem, path)
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert (sys.meta_path, sys.modules["__main__"], sys.argv) == (meta_path, main, argv)
+
+
+def test_the_prelude_and_its_support_module_agree() -> None:
+    from plotting import _prelude, _support
+
+    assert _prelude.CODE_FILENAME == _support.CODE_FILENAME == plotting.CODE_FILENAME
+    assert _support.BACKEND_MODULE in _prelude.WATCHED_IMPORTS
+
+
+@pytest.mark.parametrize(
+    ("path", "number"),
+    [("figure_001.png", 1), ("figure_042.png", 42), ("figure_1000.png", 1000)],
+)
+def test_figure_names(path: str, number: int) -> None:
+    assert is_figure(path)
+    assert figure_number(path) == number
+
+
+@pytest.mark.parametrize(
+    "path", ["figure_1.png", "figure_01.png", "sub/figure_001.png", "figure_001.png.txt", "x.png"]
+)
+def test_not_figure_names(path: str) -> None:
+    assert not is_figure(path)
+    with pytest.raises(ValueError, match="not the name of a captured figure"):
+        figure_number(path)
+
+
+def test_split_figures_orders_by_number_and_keeps_the_rest() -> None:
+    png = PNG_SIGNATURE + b"..."
+    files = [
+        File("figure_010.png", png),
+        File("data.csv", b"a,b"),
+        File("figure_002.png", png),
+        File("figure_003.png", b"not a png"),
+        File("figure_1000.png", png),
+    ]
+    figures, others = split_figures(files)
+    assert [f.path for f in figures] == ["figure_002.png", "figure_010.png", "figure_1000.png"]
+    assert [f.path for f in others] == ["data.csv", "figure_003.png"]
+
+
+def test_code_larger_than_an_argument_may_be_runs(run_code: RunCode) -> None:
+    # Linux limits one argv string to 128 KiB; the code travels as a file instead.
+    padding = "# " + "x" * 1000 + "\n"
+    run = run_code(padding * 300 + "print('big')")
+    assert (run.output, run.returncode) == ("big\n", 0)
