@@ -1,0 +1,85 @@
+"""Real third-party clients against the gateway: mcp-proxy (stdio bridge) and MCP Inspector CLI.
+
+Both need tools outside the project's environment (``uvx`` for mcp-proxy 0.13, which cannot share
+an environment with mcp 2.x, and ``npx`` for the Inspector). Without them these tests skip with
+the reason; CI sets ``REQUIRE_THIRD_PARTY_CLIENTS=1`` so that a missing tool fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.types import ImageContent, TextContent
+
+MCP_PROXY = ["--from", "mcp-proxy==0.13.0", "mcp-proxy"]
+INSPECTOR = ["-y", "@modelcontextprotocol/inspector@2.12.0", "--cli"]
+
+
+def require(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        if os.environ.get("REQUIRE_THIRD_PARTY_CLIENTS"):
+            pytest.fail(f"{tool} is not installed, and REQUIRE_THIRD_PARTY_CLIENTS is set")
+        pytest.skip(f"{tool} is not installed: install uv (uvx) and Node.js (npx) to run this")
+    return path
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("transport", ["sse", "http"])
+async def test_mcp_proxy_bridges_a_stdio_client(gateway_url: str, transport: str) -> None:
+    uvx = require("uvx")
+    if transport == "sse":
+        args = [*MCP_PROXY, f"{gateway_url}/sse"]
+    else:
+        args = [*MCP_PROXY, "--transport", "streamablehttp", f"{gateway_url}/mcp"]
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nprint('via proxy')"
+    # The SDK starts stdio servers with a minimal environment; uvx needs the proxy and CA settings.
+    params = StdioServerParameters(command=uvx, args=args, env=dict(os.environ))
+    with anyio.fail_after(120):
+        async with Client(params, mode="legacy") as client:
+            tools = (await client.list_tools()).tools
+            result = await client.call_tool("execute_python_code", {"code": code})
+    assert [t.name for t in tools] == ["execute_python_code"]
+    assert not result.is_error
+    first = result.content[0]
+    assert isinstance(first, TextContent) and first.text.startswith("via proxy\n")
+    assert [type(c) for c in result.content[1:]] == [ImageContent]
+    assert result.structured_content is not None
+    assert result.structured_content["returncode"] == 0
+
+
+def inspector(url: str, *args: str) -> dict:  # type: ignore[type-arg]
+    npx = require("npx")
+    done = subprocess.run(
+        [npx, *INSPECTOR, url, *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("path", ["/mcp", "/sse"])
+def test_inspector_cli_lists_and_calls_the_tool(gateway_url: str, path: str) -> None:
+    listed = inspector(f"{gateway_url}{path}", "--method", "tools/list")
+    assert [t["name"] for t in listed["tools"]] == ["execute_python_code"]
+    called = inspector(
+        f"{gateway_url}{path}",
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "execute_python_code",
+        "--tool-arg",
+        "code=print(6*7)",
+    )
+    assert called.get("isError") in (None, False)
+    assert called["content"][0]["text"].startswith("42\n")
+    assert called["structuredContent"]["returncode"] == 0

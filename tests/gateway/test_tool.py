@@ -1,0 +1,127 @@
+"""The tool's behaviour through an in-memory MCP client, on the built-in evaluator."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.types import ImageContent, TextContent
+
+from python_mcp_server import Gateway, Settings, create_server
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[Client]:
+    async with Gateway(settings) as gateway, Client(create_server(gateway)) as client:
+        yield client
+
+
+async def run(client: Client, code: str):  # type: ignore[no-untyped-def]
+    with anyio.fail_after(60):
+        return await client.call_tool("execute_python_code", {"code": code})
+
+
+def text_of(result) -> str:  # type: ignore[no-untyped-def]
+    first = result.content[0]
+    assert isinstance(first, TextContent)
+    return first.text
+
+
+async def test_tool_is_listed_with_description_and_output_schema(client: Client) -> None:
+    tools = (await client.list_tools()).tools
+    assert [t.name for t in tools] == ["execute_python_code"]
+    tool = tools[0]
+    assert tool.input_schema["required"] == ["code"]
+    assert tool.input_schema["properties"]["code"]["type"] == "string"
+    for promise in ("numpy", "matplotlib", "no network", "PNG image", "2 s wall-clock"):
+        assert promise in (tool.description or ""), promise
+    assert tool.output_schema is not None
+    assert {"stdout", "returncode", "status", "images", "files"} <= set(
+        tool.output_schema["properties"]
+    )
+
+
+async def test_ansi_colour_codes_are_removed(client: Client) -> None:
+    result = await run(
+        client, r"print('\x1b[31mred\x1b[0m and \x1b]8;;http://x\x07link\x1b]8;;\x07')"
+    )
+    assert text_of(result).startswith("red and link\n")
+    assert "\x1b" not in result.structured_content["stdout"]
+
+
+async def test_stderr_is_merged_in_order(client: Client) -> None:
+    code = "import sys\nprint('one')\nprint('two', file=sys.stderr)\nprint('three')"
+    assert text_of(await run(client, code)).startswith("one\ntwo\nthree\n")
+
+
+async def test_future_import_and_main_name(client: Client) -> None:
+    code = "from __future__ import annotations\ndef f(x: Undefined) -> None: ...\nprint(__name__)"
+    result = await run(client, code)
+    assert text_of(result).startswith("__main__\n")
+    assert result.structured_content["returncode"] == 0
+
+
+async def test_syntax_error_points_at_the_users_line(client: Client) -> None:
+    result = await run(client, "x = 1\ny = (\n")
+    text = text_of(result)
+    assert result.structured_content["returncode"] == 1
+    assert "SyntaxError" in text and "line 2" in text
+    assert result.structured_content["status"] == "exception"
+
+
+async def test_segfault_is_described_by_signal(client: Client) -> None:
+    result = await run(client, "import ctypes\nctypes.string_at(0)")
+    assert result.structured_content["returncode"] == 139
+    assert result.structured_content["status"] == "signal"
+    assert "SIGSEGV" in text_of(result)
+
+
+async def test_numpy_and_pandas_work(client: Client) -> None:
+    code = "import numpy as np, pandas as pd\nprint(pd.DataFrame({'a': np.arange(3)}).a.sum())"
+    assert text_of(await run(client, code)).startswith("3\n")
+
+
+async def test_no_state_between_calls(client: Client) -> None:
+    await run(client, "x = 41\nopen('kept.txt', 'w').write('x')")
+    result = await run(client, "import os\nprint('x' in globals(), os.path.exists('kept.txt'))")
+    assert text_of(result).startswith("False False\n")
+
+
+async def test_empty_output_is_said(client: Client) -> None:
+    assert text_of(await run(client, "x = 1")).startswith("(no output)\n[exit code 0: ok]")
+
+
+async def test_figure_budget_drops_figures_and_says_so(settings: Settings) -> None:
+    code = "import matplotlib.pyplot as plt\nfor i in range(4):\n    plt.figure(); plt.plot([i, 0])"
+    small = replace(settings, max_images=2)
+    async with Gateway(small) as gateway, Client(create_server(gateway)) as client:
+        result = await run(client, code)
+    images = [c for c in result.content if isinstance(c, ImageContent)]
+    assert len(images) == 2
+    assert [i["returned"] for i in result.structured_content["images"]] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert "2 of 4 figures not returned: figure_003.png" in text_of(result)
+
+
+async def test_code_over_the_limit_is_refused(settings: Settings) -> None:
+    limited = replace(settings, max_code_chars=100)
+    async with Gateway(limited) as gateway, Client(create_server(gateway)) as client:
+        result = await run(client, "print(1)\n" * 20)
+    assert result.is_error
+    assert "180 characters long; the limit is 100" in text_of(result)
+
+
+async def test_wrong_argument_type_is_a_clear_error(client: Client) -> None:
+    with anyio.fail_after(30):
+        result = await client.call_tool("execute_python_code", {"code": 42})
+    assert result.is_error
+    assert "code" in text_of(result)
