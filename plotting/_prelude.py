@@ -56,7 +56,9 @@ def main() -> None:
         raise SystemExit(1) from None
 
     module = type(sys)("__main__")
-    module.__dict__.update(__builtins__=builtins, __file__=CODE_FILENAME)
+    # No __file__, as with python -c: no file holds the code, and multiprocessing's spawn and
+    # forkserver start methods would try to re-run a __main__ that has one.
+    module.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = module
     sys.argv[:1] = [CODE_FILENAME]
     status: object = None

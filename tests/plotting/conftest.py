@@ -30,7 +30,13 @@ class Run:
         return sorted(os.listdir(self.workdir))
 
 
-def run_request(request: EvalRequest, workdir: Path, *, timeout: float = 60) -> Run:
+def run_request(
+    request: EvalRequest,
+    workdir: Path,
+    *,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> Run:
     """Write the request's files into ``workdir`` and run the interpreter with its args there.
 
     stdout and stderr share one pipe, as in Snekbox; stdout is not forced unbuffered, so the
@@ -42,6 +48,7 @@ def run_request(request: EvalRequest, workdir: Path, *, timeout: float = 60) -> 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     if "HOME" in os.environ:  # matplotlib's font cache lives there
         env["HOME"] = os.environ["HOME"]
+    env.update(extra_env or {})
     proc = subprocess.run(
         [*PYTHON, *request.args],
         cwd=workdir,
@@ -59,12 +66,17 @@ RunCode = Callable[..., Run]
 
 @pytest.fixture
 def run_code(tmp_path: Path) -> RunCode:
-    """``run_code(code, files={name: bytes})``: run ``code`` through the prelude in a temp dir.
+    """``run_code(code, files=..., extra_env=...)``: run ``code`` through the prelude in a temp dir.
 
     ``code`` as ``bytes`` is sent as it is, to try sources ``build_request`` would not produce.
     """
 
-    def run(code: str | bytes, *, files: dict[str, bytes] | None = None) -> Run:
+    def run(
+        code: str | bytes,
+        *,
+        files: dict[str, bytes] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> Run:
         for name, content in (files or {}).items():
             (tmp_path / name).write_bytes(content)
         if isinstance(code, str):
@@ -72,6 +84,6 @@ def run_code(tmp_path: Path) -> RunCode:
         else:
             sent = (*prelude_files(), File(CODE_NAME, code))
             request = EvalRequest(args=[PRELUDE_NAME], files=sent)
-        return run_request(request, tmp_path)
+        return run_request(request, tmp_path, extra_env=extra_env)
 
     return run

@@ -122,6 +122,24 @@ def test_an_explicit_agg_backend_still_captures_and_the_environment_is_untouched
     assert [colour for _, colour in pngs(run).values()] == [RED, GREEN]
 
 
+def test_mplbackend_agg_in_the_environment_still_captures(run_code: RunCode) -> None:
+    # The built-in evaluator sets MPLBACKEND=Agg, as a sandbox without a display should.
+    run = run_code(DRAW + 'draw("red")\nplt.show()\ndraw("lime")', extra_env={"MPLBACKEND": "Agg"})
+    assert (run.output, run.returncode) == ("", 0)
+    assert [colour for _, colour in pngs(run).values()] == [RED, GREEN]
+
+
+def test_pandas_plots_are_captured(run_code: RunCode) -> None:
+    run = run_code(
+        "import matplotlib.pyplot as plt, pandas as pd\n"
+        "pd.DataFrame({'y': [1, 3, 2]}).plot(figsize=(4, 3))\n"
+        "plt.show()\n"
+        "pd.Series([3, 1, 2]).plot.bar(figsize=(5, 3))\n"
+    )
+    assert run.returncode == 0, run.output
+    assert [size for size, _ in pngs(run).values()] == [(400, 300), (500, 300)]
+
+
 def test_a_figure_that_cannot_be_saved_is_reported_and_changes_nothing_else(
     run_code: RunCode,
 ) -> None:

@@ -142,7 +142,7 @@ def test_code_runs_as_main_in_a_fresh_module(run_code: RunCode) -> None:
             import pickle, sys
             class Point:
                 pass
-            print(__name__, __file__, sys.argv)
+            print(__name__, sys.argv, "__file__" in globals())
             print(sys.modules["__main__"].__dict__ is globals())
             print(type(pickle.loads(pickle.dumps(Point()))).__name__)
             print(sorted(k for k in globals() if k.startswith("_")))
@@ -150,12 +150,22 @@ def test_code_runs_as_main_in_a_fresh_module(run_code: RunCode) -> None:
     )
     assert run.returncode == 0, run.output
     assert run.output.splitlines() == [
-        "__main__ <code> ['<code>']",
+        "__main__ ['<code>'] False",
         "True",
         "Point",
-        "['__builtins__', '__doc__', '__file__', '__loader__', '__name__', '__package__', "
-        "'__spec__']",
+        "['__builtins__', '__doc__', '__loader__', '__name__', '__package__', '__spec__']",
     ]
+
+
+def test_multiprocessing_spawn_works_without_a_main_file(run_code: RunCode) -> None:
+    run = run_code(
+        code("""
+            import multiprocessing
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                print(pool.map(abs, [-1, -2]))
+        """)
+    )
+    assert (run.output, run.returncode) == ("[1, 2]\n", 0)
 
 
 def test_working_directory_holds_only_the_users_files(run_code: RunCode) -> None:
