@@ -15,6 +15,7 @@ import codecs
 import contextlib
 import ctypes
 import fcntl
+import logging
 import os
 import resource
 import signal
@@ -25,8 +26,11 @@ from pathlib import Path
 from typing import Literal, NoReturn
 
 from .cgroups import RunCgroup
+from .procfs import fork_owned, reap_owned
 
 __all__ = ["JailedProcess", "Outcome", "SandboxView", "decode_output"]
+
+log = logging.getLogger(__name__)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -41,6 +45,8 @@ SANDBOX_UID = 65534
 INVALID_UTF8 = "UnicodeDecodeError: invalid Unicode in output pipe"
 # Seconds to wait for the output to end after the process exited, and for a kill to take effect.
 _DRAIN_GRACE, _KILL_GRACE = 0.5, 5.0
+# Reported when the exit status is lost (the child was reaped by someone else: never expected).
+LOST_STATUS = 255
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,7 @@ class JailedProcess:
         self._output_fd: int | None = output_fd
         self._cgroup = cgroup
         self._pidfd = os.pidfd_open(pid)
-        self._status: int | None = None
+        self._returncode: int | None = None
         self.released_at: float | None = None
 
     @classmethod
@@ -153,7 +159,8 @@ class JailedProcess:
         max_fd = os.sysconf("SC_OPEN_MAX")
         # os.fork, not subprocess: the command line is only known later. The child runs only
         # os-level calls until it execs, which is what subprocess's preexec_fn does too.
-        pid = os.fork()
+        # The child is owned from the start: only this object reaps it (see procfs).
+        pid = fork_owned()
         if pid == 0:
             _child(args_r, out_w, seccomp_fd, procs_files, rlimits, cwd, env_bytes, parent, max_fd)
         os.close(args_r)
@@ -194,8 +201,9 @@ class JailedProcess:
 
         bwrap's --die-with-parent and the PID namespace take down whatever is left inside.
         """
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        if self._returncode is None:  # once reaped, the pid (and group id) may be reused
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
         if self._cgroup is not None:
             self._cgroup.kill()
 
@@ -233,7 +241,7 @@ class JailedProcess:
                 del output[output_limit:]
                 ended_by = "output_limit"
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGTERM)
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
                 stop_reading()
 
         def on_exit() -> None:
@@ -267,15 +275,26 @@ class JailedProcess:
         return Outcome(returncode, bytes(output), ended_by)
 
     def _reap(self, *, block: bool) -> int:
-        if self._status is None:
-            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
-            if pid == 0:
-                # Still running after SIGKILL (stuck in the kernel): reported as killed, reaped
-                # by close().
+        """Reap the child through its pidfd (never another process), once; never raises.
+
+        The returncode as a shell reports it (128 + signal for a signal). Not blocking and still
+        running after SIGKILL (stuck in the kernel): reported as killed, reaped by aclose().
+        """
+        if self._returncode is None:
+            try:
+                result = reap_owned(self.pid, self._pidfd, block=block)
+            except OSError as exc:
+                # Only possible if something else reaped our child: the status is gone.
+                log.error("the exit status of process %d is lost: %r", self.pid, exc)
+                self._returncode = LOST_STATUS
+                return self._returncode
+            if result is None:
                 return 128 + signal.SIGKILL
-            self._status = status
-        code = os.waitstatus_to_exitcode(self._status)
-        return 128 - code if code < 0 else code
+            if result.si_code == os.CLD_EXITED:
+                self._returncode = result.si_status
+            else:  # CLD_KILLED, CLD_DUMPED
+                self._returncode = 128 + result.si_status
+        return self._returncode
 
     async def aclose(self) -> None:
         """Kill what is left, reap the child and release the file descriptors.
@@ -283,7 +302,7 @@ class JailedProcess:
         A child never released exits by itself once its command-line pipe is closed.
         """
         self.cancel()
-        if self._status is None:
+        if self._returncode is None:
             if self.released_at is not None:
                 self.kill()
             if not await self._exits_within(_KILL_GRACE):

@@ -1,11 +1,25 @@
-"""Questions about processes, answered from /proc: is it alive, which orphans to reap."""
+"""Processes: is one alive, which children are ours, which orphans to reap.
+
+This process is a child subreaper, so two kinds of zombie children show up here: the runs' own
+processes (forked by :func:`fork_owned`, each reaped by its owner through its pidfd, which alone
+gets its exit status) and orphans inherited from a sandbox (bwrap's init, when the outer bwrap
+exits first), which :func:`reap_orphans` collects. The registry of owned children is process-wide:
+every evaluator of the process shares the kernel's list of children.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
-__all__ = ["alive", "reap_orphans"]
+__all__ = ["alive", "fork_owned", "reap_orphans", "reap_owned"]
+
+# Forks, reaps and orphan scans happen under this lock, so that a pid seen outside ``_owned`` by
+# reap_orphans cannot be (or become, by pid reuse) a child that an owner is about to reap.
+_lock = threading.Lock()
+# Children forked by fork_owned and not yet reaped by their owner.
+_owned: set[int] = set()
 
 
 def alive(pid: int) -> bool:
@@ -19,29 +33,67 @@ def alive(pid: int) -> bool:
     return True
 
 
-def reap_orphans(command: str, exclude: set[int]) -> int:
-    """Reap zombie children named ``command`` that are not in ``exclude``; return how many.
+def fork_owned() -> int:
+    """``os.fork()``; in the parent, the child is owned (reap_orphans never touches it) at once.
 
-    As a child subreaper, this process inherits the sandbox's init when the outer bwrap is killed
-    first. Only such zombies are reaped: other code in the process (the gateway) may be waiting
-    for children of its own.
+    The child must only run os-level calls until it execs or exits.
+    """
+    with _lock:
+        pid = os.fork()
+        if pid != 0:
+            _owned.add(pid)
+    return pid
+
+
+def reap_owned(pid: int, pidfd: int, *, block: bool) -> os.waitid_result | None:
+    """Reap an owned child through its pidfd, and stop owning it in the same step.
+
+    Returns ``None`` when ``block`` is false and the child has not exited.
+
+    Raises:
+        ChildProcessError: the child was already reaped (it is no longer owned either).
+    """
+    with _lock:
+        try:
+            result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | (0 if block else os.WNOHANG))
+        except ChildProcessError:
+            _owned.discard(pid)
+            raise
+        if result is not None:
+            _owned.discard(pid)
+    return result
+
+
+def owned() -> frozenset[int]:
+    """The children owned right now (for tests and diagnostics)."""
+    with _lock:
+        return frozenset(_owned)
+
+
+def reap_orphans(command: str) -> int:
+    """Reap zombie children named ``command`` that no run owns; return how many.
+
+    As a child subreaper, this process inherits the sandbox's init when the outer bwrap exits
+    first. Only such zombies are reaped: a run's own process is owned until its run reaps it,
+    and other code in the process (the gateway) may be waiting for children of its own.
     """
     me = os.getpid()
     reaped = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in exclude:
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-        if state == "Z" and int(ppid) == me and comm == command:
+    with _lock:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in _owned:
+                continue
             try:
-                os.waitpid(int(entry.name), os.WNOHANG)
-                reaped += 1
-            except ChildProcessError:
-                pass
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+            if state == "Z" and int(ppid) == me and comm == command:
+                try:
+                    os.waitpid(int(entry.name), os.WNOHANG)
+                    reaped += 1
+                except ChildProcessError:
+                    pass
     return reaped

@@ -87,8 +87,6 @@ class Evaluator:
         self._rlimits: list[tuple[int, int]] = []
         self._nproc: int | None = None
         self._fontlist: tuple[str, str] | None = None
-        # Our own bwrap children, which only their JailedProcess may reap.
-        self._children: set[int] = set()
 
     async def __aenter__(self) -> Evaluator:
         await self.start()
@@ -328,7 +326,6 @@ class Evaluator:
             finally:
                 if seccomp_fd is not None:
                     os.close(seccomp_fd)
-            self._children.add(process.pid)
         except BaseException:
             if cgroup is not None:
                 cgroup.kill()
@@ -356,7 +353,6 @@ class Evaluator:
         """Kill what is left of a run and remove its sandbox, each step whatever the others did."""
         try:
             await sandbox.process.aclose()
-            self._children.discard(sandbox.process.pid)
         except Exception:
             log.exception("could not reap the sandbox process %d", sandbox.process.pid)
         if sandbox.cgroup is not None:
@@ -365,7 +361,8 @@ class Evaluator:
             except OSError:
                 log.exception("could not remove the cgroup %s", sandbox.cgroup.dirs)
         try:
-            reap_orphans("bwrap", exclude=self._children)
+            # The runs' own processes are never touched: each is reaped by its JailedProcess.
+            reap_orphans("bwrap")
             sandbox.workdir.remove()
         except OSError:
             log.exception("could not remove the working directory %s", sandbox.workdir.path)

@@ -1,0 +1,76 @@
+"""Many runs at once: every run keeps its own exit status, whoever else reaps children."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import anyio
+import httpx
+
+from evaluator import EvalRequest, Evaluator, create_app
+from evaluator.jail import JailedProcess
+from evaluator.procfs import owned, reap_orphans
+
+from .conftest import config
+
+
+async def test_many_concurrent_requests_all_succeed() -> None:
+    """24 requests at concurrency 2: each answers 200 with its own output (was: 500 ECHILD)."""
+    async with Evaluator(config(concurrency=2, max_queue=32)) as evaluator:
+        transport = httpx.ASGITransport(create_app(evaluator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://evaluator") as http:
+            with anyio.fail_after(60):
+                answers = await asyncio.gather(
+                    *(
+                        http.post("/eval", json={"input": f"import socket; print({i})"})
+                        for i in range(24)
+                    )
+                )
+    assert [(a.status_code, a.json()) for a in answers] == [
+        (200, {"stdout": f"{i}\n", "returncode": 0, "files": []}) for i in range(24)
+    ]
+    assert not owned()
+
+
+async def test_two_evaluators_in_one_process_never_reap_each_others_runs() -> None:
+    """Orphan reaping of one evaluator must not take the exit status of another's run."""
+    async with (
+        Evaluator(config(max_queue=16)) as first,
+        Evaluator(config(max_queue=16)) as second,
+    ):
+        with anyio.fail_after(60):
+            results = await asyncio.gather(
+                *(
+                    evaluator.run(EvalRequest(("-c", f"import sys; print({i}); sys.exit({i})")))
+                    for i in range(12)
+                    for evaluator in (first, second)
+                )
+            )
+    expected = [(f"{i}\n", i) for i in range(12) for _ in range(2)]
+    assert [(r.stdout, r.returncode) for r in results] == expected
+
+
+async def test_orphan_reaping_leaves_an_exited_run_to_its_owner(tmp_path: Path) -> None:
+    """A run's zombie named like an orphan (bwrap) is never reaped by reap_orphans."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    process = JailedProcess.spawn(cgroup=None)
+    try:
+        process.release([str(fake)])
+        loop = asyncio.get_running_loop()
+        exited = asyncio.Event()
+        loop.add_reader(process._pidfd, exited.set)  # readable once the process has exited
+        try:
+            with anyio.fail_after(10):
+                await exited.wait()
+        finally:
+            loop.remove_reader(process._pidfd)
+        assert process.pid in owned()
+        assert reap_orphans("bwrap") == 0
+        outcome = await process.wait(5, 1000)
+        assert (outcome.returncode, outcome.ended_by) == (3, "exit")
+        assert process.pid not in owned()
+    finally:
+        await process.aclose()
