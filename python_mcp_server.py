@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
+import json
 import logging
 import os
 import re
@@ -22,20 +24,32 @@ import struct
 import sys
 import time
 from base64 import b64encode
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio
 import httpx
 import uvicorn
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 import evaluator
@@ -71,39 +85,88 @@ class Settings:
     """Everything the gateway can be told; :meth:`from_env` reads the environment once.
 
     ``snekbox_url`` ``None`` selects the built-in evaluator, configured by ``evaluator_config``.
+    ``None`` for ``max_in_flight`` and ``eval_timeout`` means "derived from the evaluator": its
+    concurrency and its time limit plus a margin (or fixed defaults for a remote Snekbox).
     """
 
     snekbox_url: str | None = None
     host: str = "127.0.0.1"
     port: int = 18080
+    auth_token: str | None = None
+    allow_unauthenticated: bool = False
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
-    eval_timeout: float = 60.0
+    max_in_flight: int | None = None
+    max_waiting: int = 32
+    max_wait: float = 30.0
+    eval_timeout: float | None = None
+    progress_interval: float = 2.0
+    max_request_bytes: int = 4 * 1024 * 1024
     max_code_chars: int = 1_000_000
     max_output_chars: int = 20_000
     max_image_bytes: int = 512 * 1024
     max_images: int = 16
     log_level: str = "info"
+    log_code: bool = False
+    shutdown_grace: float = 30.0
     evaluator_config: evaluator.EvaluatorConfig = field(default_factory=evaluator.EvaluatorConfig)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
-        """Build settings from ``SNEKBOX_URL``, ``MCP_*`` and the built-in evaluator's variables."""
-        defaults = cls()
-        return cls(
-            snekbox_url=environ.get("SNEKBOX_URL") or None,
-            host=environ.get("MCP_HOST", defaults.host),
-            port=int(environ.get("MCP_PORT", defaults.port)),
-            allowed_hosts=_split(environ.get("MCP_ALLOWED_HOSTS", "")),
-            allowed_origins=_split(environ.get("MCP_ALLOWED_ORIGINS", "")),
-            eval_timeout=float(environ.get("MCP_EVAL_TIMEOUT", defaults.eval_timeout)),
-            max_code_chars=int(environ.get("MCP_MAX_CODE_CHARS", defaults.max_code_chars)),
-            max_output_chars=int(environ.get("MCP_MAX_OUTPUT_CHARS", defaults.max_output_chars)),
-            max_image_bytes=int(environ.get("MCP_MAX_IMAGE_BYTES", defaults.max_image_bytes)),
-            max_images=int(environ.get("MCP_MAX_IMAGES", defaults.max_images)),
-            log_level=environ.get("MCP_LOG_LEVEL", defaults.log_level).lower(),
-            evaluator_config=evaluator.EvaluatorConfig.from_env(environ),
-        )
+        """Settings from ``SNEKBOX_URL``, the ``MCP_*`` variables and the evaluator's own.
+
+        Raises:
+            ValueError: a malformed value, or an unreadable ``MCP_AUTH_TOKEN_FILE``.
+        """
+        values: dict[str, Any] = {}
+        for variable, (name, parse) in _ENVIRONMENT.items():
+            raw = environ.get(variable, "").strip()
+            if raw:
+                try:
+                    values[name] = parse(raw)
+                except ValueError as exc:
+                    raise ValueError(f"{variable}={raw!r} is not valid: {exc}") from exc
+        token_file = environ.get("MCP_AUTH_TOKEN_FILE", "").strip()
+        if token_file and "auth_token" not in values:
+            try:
+                values["auth_token"] = Path(token_file).read_text().strip() or None
+            except OSError as exc:
+                raise ValueError(f"MCP_AUTH_TOKEN_FILE={token_file!r}: {exc.strerror}") from exc
+        return cls(**values, evaluator_config=evaluator.EvaluatorConfig.from_env(environ))
+
+    @property
+    def in_flight_limit(self) -> int:
+        """Evaluations at once, across both transports."""
+        if self.max_in_flight is not None:
+            return self.max_in_flight
+        return 4 if self.snekbox_url else self.evaluator_config.concurrency
+
+    @property
+    def timeout(self) -> float:
+        """Seconds to wait for one evaluation's answer: a little longer than its time limit."""
+        if self.eval_timeout is not None:
+            return self.eval_timeout
+        return 30.0 if self.snekbox_url else self.evaluator_config.time_limit + 10.0
+
+    def check(self) -> None:
+        """Refuse configurations that are unsafe or meaningless, saying how to fix them.
+
+        Raises:
+            ValueError: with the message to show the operator.
+        """
+        loopback = self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
+        if not loopback and not self.auth_token and not self.allow_unauthenticated:
+            raise ValueError(
+                f"refusing to listen on {self.host} without authentication: anyone who reaches "
+                "this address could run code. Set MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE) to a "
+                "secret that clients send as 'Authorization: Bearer <token>', or, if a proxy in "
+                "front authenticates, opt out with MCP_ALLOW_UNAUTHENTICATED=true "
+                "(--allow-unauthenticated)."
+            )
+        if self.in_flight_limit < 1 or self.max_waiting < 0 or self.max_wait < 0:
+            raise ValueError(
+                "MCP_MAX_IN_FLIGHT must be >= 1, MCP_MAX_WAITING and MCP_MAX_WAIT >= 0"
+            )
 
     def transport_security(self) -> TransportSecuritySettings:
         """DNS-rebinding protection: loopback Hosts and Origins plus the configured extras."""
@@ -112,6 +175,40 @@ class Settings:
         return TransportSecuritySettings(
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
         )
+
+
+def _flag(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+#: The environment variable of each setting, and how its value is parsed.
+_ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "SNEKBOX_URL": ("snekbox_url", str),
+    "MCP_HOST": ("host", str),
+    "MCP_PORT": ("port", int),
+    "MCP_AUTH_TOKEN": ("auth_token", str),
+    "MCP_ALLOW_UNAUTHENTICATED": ("allow_unauthenticated", _flag),
+    "MCP_ALLOWED_HOSTS": ("allowed_hosts", lambda v: _split(v)),
+    "MCP_ALLOWED_ORIGINS": ("allowed_origins", lambda v: _split(v)),
+    "MCP_MAX_IN_FLIGHT": ("max_in_flight", int),
+    "MCP_MAX_WAITING": ("max_waiting", int),
+    "MCP_MAX_WAIT": ("max_wait", float),
+    "MCP_EVAL_TIMEOUT": ("eval_timeout", float),
+    "MCP_PROGRESS_INTERVAL": ("progress_interval", float),
+    "MCP_MAX_REQUEST_BYTES": ("max_request_bytes", int),
+    "MCP_MAX_CODE_CHARS": ("max_code_chars", int),
+    "MCP_MAX_OUTPUT_CHARS": ("max_output_chars", int),
+    "MCP_MAX_IMAGE_BYTES": ("max_image_bytes", int),
+    "MCP_MAX_IMAGES": ("max_images", int),
+    "MCP_LOG_LEVEL": ("log_level", str.lower),
+    "MCP_LOG_CODE": ("log_code", _flag),
+    "MCP_SHUTDOWN_GRACE": ("shutdown_grace", float),
+}
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -274,6 +371,90 @@ def _png_size(data: bytes) -> tuple[int | None, int | None]:
     return width, height
 
 
+# --- Admission and metrics --------------------------------------------------------------------
+
+
+class Busy(Exception):
+    """No evaluation slot could be had: the wait queue is full or the wait took too long."""
+
+
+class Admission:
+    """At most ``limit`` evaluations at once across every session and transport.
+
+    Up to ``max_waiting`` more wait for a slot, each at most ``max_wait`` seconds; beyond either
+    bound the call is refused at once with :class:`Busy`, so no caller hangs.
+    """
+
+    def __init__(self, limit: int, max_waiting: int, max_wait: float) -> None:
+        self.limit = limit
+        self.max_waiting = max_waiting
+        self.max_wait = max_wait
+        self.in_flight = 0
+        self.waiting = 0
+        self._slots = anyio.Semaphore(limit)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._wait_for_slot()
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
+
+    async def _wait_for_slot(self) -> None:
+        if self.waiting >= self.max_waiting:
+            raise Busy(f"all {self.limit} slots are running and {self.waiting} calls are waiting")
+        self.waiting += 1
+        try:
+            with anyio.fail_after(self.max_wait):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise Busy(f"no slot came free within {self.max_wait:g} s") from None
+        finally:
+            self.waiting -= 1
+
+
+class Metrics:
+    """The gateway's Prometheus metrics, in a registry of its own (one per app)."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.registry = CollectorRegistry()
+        self.calls = Counter(
+            "mcp_tool_calls",
+            "execute_python_code calls by outcome (a run's status, or the service failure)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "mcp_tool_call_duration_seconds",
+            "Time from the call's arrival to its answer",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80),
+            registry=self.registry,
+        )
+        self.evaluator_errors = Counter(
+            "mcp_evaluator_errors",
+            "Failures of the evaluation service, by kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        in_flight = Gauge(
+            "mcp_evaluations_in_flight", "Evaluations running", registry=self.registry
+        )
+        in_flight.set_function(lambda: admission.in_flight)
+        waiting = Gauge(
+            "mcp_evaluations_waiting", "Calls waiting for a slot", registry=self.registry
+        )
+        waiting.set_function(lambda: admission.waiting)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
 # --- The tool ----------------------------------------------------------------------------------
 
 
@@ -286,20 +467,24 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.admission = Admission(
+            settings.in_flight_limit, settings.max_waiting, settings.max_wait
+        )
+        self.metrics = Metrics(self.admission)
         self._client: SnekboxClient | None = None
         self._builtin: evaluator.Evaluator | None = None
 
     async def __aenter__(self) -> Gateway:
         settings = self.settings
         if settings.snekbox_url:
-            self._client = SnekboxClient(settings.snekbox_url, timeout=settings.eval_timeout)
+            self._client = SnekboxClient(settings.snekbox_url, timeout=settings.timeout)
         else:
             self._builtin = evaluator.Evaluator(settings.evaluator_config)
             await self._builtin.start()
             self._client = SnekboxClient(
                 "http://builtin-evaluator",
                 transport=httpx.ASGITransport(evaluator.create_app(self._builtin)),
-                timeout=settings.eval_timeout,
+                timeout=settings.timeout,
             )
         return self
 
@@ -349,29 +534,80 @@ class Gateway:
         self, code: str, ctx: Context[Any, Any]
     ) -> Annotated[CallToolResult, ExecutionResult]:
         """Run ``code`` once; service failures become tool errors, user errors do not."""
-        if len(code) > self.settings.max_code_chars:
-            raise ToolError(
-                f"The code is {len(code):,} characters long; the limit is "
-                f"{self.settings.max_code_chars:,}. Send less code, or generate the data inside "
-                "the code instead of pasting it."
-            )
         started = time.monotonic()
+        outcome = "refused"
+        log: dict[str, Any] = {"code_chars": len(code)}
         try:
-            result = await self.client.eval(plotting.build_request(code))
+            if len(code) > self.settings.max_code_chars:
+                raise ToolError(
+                    f"The code is {len(code):,} characters long; the limit is "
+                    f"{self.settings.max_code_chars:,}. Send less code, or generate the data "
+                    "inside the code instead of pasting it."
+                )
+            result = await self._evaluate_with_progress(code, ctx, started)
+            rendered = render_result(
+                result, duration=time.monotonic() - started, settings=self.settings
+            )
+            structured = rendered.structured_content or {}
+            outcome = structured.get("status", "ok")
+            log.update(
+                returncode=result.returncode,
+                stdout_chars=len(result.stdout),
+                images=sum(isinstance(c, ImageContent) for c in rendered.content),
+                files=len(structured.get("files", ())),
+            )
+            if self.settings.log_code:
+                log.update(code=code, stdout=result.stdout)
+            return rendered
+        except _ServiceFailure as failure:
+            outcome = failure.kind
+            raise ToolError(failure.message) from failure
+        finally:
+            duration = time.monotonic() - started
+            self.metrics.calls.labels(outcome).inc()
+            self.metrics.duration.observe(duration)
+            _log_call(ctx, outcome, duration, log)
+
+    async def _evaluate_with_progress(
+        self, code: str, ctx: Context[Any, Any], started: float
+    ) -> EvalResult:
+        outcome: EvalResult | _ServiceFailure
+        async with anyio.create_task_group() as progress:
+            progress.start_soon(self._report_progress, ctx, started)
+            # Caught inside: the task group would wrap it in an ExceptionGroup.
+            try:
+                outcome = await self._evaluate(code)
+            except _ServiceFailure as failure:
+                outcome = failure
+            progress.cancel_scope.cancel()
+        if isinstance(outcome, _ServiceFailure):
+            raise outcome
+        return outcome
+
+    async def _evaluate(self, code: str) -> EvalResult:
+        try:
+            async with self.admission.slot():
+                return await self.client.eval(plotting.build_request(code))
+        except Busy as exc:
+            raise _ServiceFailure(
+                "busy",
+                f"The gateway is busy ({exc}); the code did not run. Retry in a few seconds.",
+            ) from exc
         except SnekboxError as exc:
-            logger.warning("call failed: %s", type(exc).__name__)
-            raise ToolError(_explain(exc)) from exc
-        duration = time.monotonic() - started
-        rendered = render_result(result, duration=duration, settings=self.settings)
-        logger.info(
-            "call status=%s returncode=%s duration_ms=%d stdout_chars=%d files=%d",
-            rendered.structured_content["status"] if rendered.structured_content else "?",
-            result.returncode,
-            duration * 1000,
-            len(result.stdout),
-            len(result.files),
-        )
-        return rendered
+            kind = _ERROR_KINDS.get(type(exc), "evaluator_error")
+            self.metrics.evaluator_errors.labels(kind).inc()
+            raise _ServiceFailure(kind, _explain(exc)) from exc
+
+    async def _report_progress(self, ctx: Context[Any, Any], started: float) -> None:
+        """Tell a client that asked for progress that the call is alive (a no-op otherwise)."""
+        if self._builtin is not None:
+            total: float | None = self.settings.evaluator_config.time_limit
+        else:
+            total = None
+        while True:
+            await anyio.sleep(self.settings.progress_interval)
+            elapsed = round(time.monotonic() - started, 1)
+            await ctx.report_progress(elapsed, total, f"running for {elapsed:g} s")
 
     async def readiness(self) -> str | None:
         """``None`` when the evaluation service answers, else why not (safe to show anyone)."""
@@ -382,6 +618,48 @@ class Gateway:
         except SnekboxError as exc:
             return f"the evaluation service is unhealthy ({type(exc).__name__})"
         return None
+
+
+class _ServiceFailure(Exception):
+    """A call the service could not answer: ``kind`` for metrics, ``message`` for the model."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+_ERROR_KINDS: dict[type[SnekboxError], str] = {
+    EvaluatorUnavailable: "unavailable",
+    EvaluatorTimeout: "timeout",
+    EvaluatorRejected: "rejected",
+    InvalidResponse: "invalid_response",
+}
+
+
+def _log_call(
+    ctx: Context[Any, Any], outcome: str, duration: float, fields: dict[str, Any]
+) -> None:
+    """One structured line per call; the code and output only when MCP_LOG_CODE asks.
+
+    ``session`` is the SSE or Streamable HTTP session id; sessionless clients (the 2026-07-28
+    protocol) have none, and their calls are told apart by ``request``.
+    """
+    request = ctx.request_context.request if ctx.request_context else None
+    transport, session = "memory", None
+    if isinstance(request, Request):
+        transport = "sse" if request.url.path.startswith("/messages") else "streamable-http"
+        session = request.headers.get("mcp-session-id") or request.query_params.get("session_id")
+    record = {
+        "event": "tool_call",
+        "session": session,
+        "request": ctx.request_id,
+        "transport": transport,
+        "outcome": outcome,
+        "duration_ms": round(duration * 1000, 1),
+        **fields,
+    }
+    logger.info("%s", json.dumps(record, default=str))
 
 
 def _explain(exc: SnekboxError) -> str:
@@ -411,11 +689,39 @@ def _explain(exc: SnekboxError) -> str:
     return f"The evaluation service failed: {exc}"
 
 
+class StaticTokenVerifier:
+    """Accepts exactly one bearer token, compared in constant time."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if hmac.compare_digest(token.encode(), self._token):
+            return AccessToken(token=token, client_id="bearer", scopes=[])
+        return None
+
+    def __repr__(self) -> str:
+        return "StaticTokenVerifier(token=<hidden>)"
+
+
 def create_server(gateway: Gateway) -> MCPServer[Any]:
-    """The MCP server with its one tool, bound to ``gateway``."""
+    """The MCP server with its one tool, bound to ``gateway``; bearer auth when a token is set."""
+    settings = gateway.settings
+    auth: dict[str, Any] = {}
+    if settings.auth_token:
+        auth = {
+            "token_verifier": StaticTokenVerifier(settings.auth_token),
+            # The SDK's resource-server mode: it checks bearer tokens and answers 401 with
+            # WWW-Authenticate; the issuer is only advertised, never contacted.
+            "auth": AuthSettings(
+                issuer_url=f"http://{settings.host}:{settings.port}",  # type: ignore[arg-type]
+                resource_server_url=None,
+            ),
+        }
     server: MCPServer[Any] = MCPServer(
         name="python-mcp-server",
         instructions="Use execute_python_code to run Python: computations, data, charts.",
+        **auth,
     )
     server.add_tool(
         gateway.execute_python_code,
@@ -433,17 +739,24 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
-    """The Starlette app serving SSE, Streamable HTTP, ``/healthz`` and ``/readyz``.
+    """The Starlette app serving SSE, Streamable HTTP, ``/healthz``, ``/readyz`` and ``/metrics``.
 
     The gateway (evaluator, HTTP client) and the Streamable HTTP session manager live in the
     app's lifespan, so the app must be run by a server that runs lifespans (uvicorn does).
+
+    Raises:
+        ValueError: the settings are unsafe (see :meth:`Settings.check`).
     """
     settings = settings or Settings.from_env()
+    settings.check()
     gateway = Gateway(settings)
     server = create_server(gateway)
     security = settings.transport_security()
-    sse = server.sse_app(transport_security=security)
-    streamable = server.streamable_http_app(transport_security=security)
+    body_limit = settings.max_request_bytes
+    sse = server.sse_app(transport_security=security, max_request_body_size=body_limit)
+    streamable = server.streamable_http_app(
+        transport_security=security, max_request_body_size=body_limit
+    )
 
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
@@ -454,6 +767,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
+    async def metrics(request: Request) -> Response:
+        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with gateway, server.session_manager.run():
@@ -462,10 +778,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
     routes: list[BaseRoute] = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         *sse.routes,
         *streamable.routes,
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    # Both sub-apps carry the same authentication middleware (none without a token).
+    return Starlette(routes=routes, middleware=streamable.user_middleware, lifespan=lifespan)
 
 
 def __getattr__(name: str) -> Any:
@@ -481,7 +799,8 @@ def __getattr__(name: str) -> Any:
 def _parse_args(argv: Sequence[str] | None, settings: Settings) -> Settings:
     parser = argparse.ArgumentParser(
         prog="python-mcp-server",
-        description="Serve the execute_python_code MCP tool over SSE (/sse) and HTTP (/mcp).",
+        description="Serve the execute_python_code MCP tool over SSE (/sse) and HTTP (/mcp). "
+        "Every setting is also an environment variable (see the README).",
     )
     parser.add_argument("--host", default=settings.host, help="address to bind (MCP_HOST)")
     parser.add_argument("--port", type=int, default=settings.port, help="port (MCP_PORT)")
@@ -490,6 +809,12 @@ def _parse_args(argv: Sequence[str] | None, settings: Settings) -> Settings:
         default=settings.snekbox_url,
         help="Snekbox to evaluate code with (SNEKBOX_URL); default: the built-in evaluator",
     )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=settings.allow_unauthenticated,
+        help="serve a non-loopback address without a token (MCP_ALLOW_UNAUTHENTICATED)",
+    )
     parser.add_argument("--log-level", default=settings.log_level, help="(MCP_LOG_LEVEL)")
     args = parser.parse_args(argv)
     return replace(
@@ -497,22 +822,27 @@ def _parse_args(argv: Sequence[str] | None, settings: Settings) -> Settings:
         host=args.host,
         port=args.port,
         snekbox_url=args.snekbox_url or None,
+        allow_unauthenticated=args.allow_unauthenticated,
         log_level=args.log_level.lower(),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: ``python-mcp-server [--host H] [--port P] [--snekbox-url URL]``."""
-    settings = _parse_args(argv, Settings.from_env())
+    try:
+        settings = _parse_args(argv, Settings.from_env())
+        app = create_app(settings)
+    except ValueError as exc:
+        sys.exit(f"python-mcp-server: {exc}")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=int(settings.shutdown_grace),
     )
 
 
