@@ -13,6 +13,7 @@ the latter reads its settings from the environment when the attribute is first l
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import hmac
 import json
@@ -20,6 +21,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import struct
 import sys
 import time
@@ -27,6 +29,7 @@ from base64 import b64encode
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -473,6 +476,11 @@ class Gateway:
         self.metrics = Metrics(self.admission)
         self._client: SnekboxClient | None = None
         self._builtin: evaluator.Evaluator | None = None
+        #: Set on shutdown: calls in flight finish, new ones are turned away.
+        self.draining = False
+        #: Tool calls between arrival and answer (admission counts only the evaluations).
+        self.active_calls = 0
+        self._call_ended: anyio.Event | None = None
 
     async def __aenter__(self) -> Gateway:
         settings = self.settings
@@ -535,10 +543,12 @@ class Gateway:
     ) -> Annotated[CallToolResult, ExecutionResult]:
         """Run ``code`` once; service failures become tool errors, user errors do not."""
         started = time.monotonic()
-        outcome = "refused"
+        outcome = "cancelled"  # unless the call gets further
         log: dict[str, Any] = {"code_chars": len(code)}
+        self.active_calls += 1
         try:
             if len(code) > self.settings.max_code_chars:
+                outcome = "refused"
                 raise ToolError(
                     f"The code is {len(code):,} characters long; the limit is "
                     f"{self.settings.max_code_chars:,}. Send less code, or generate the data "
@@ -563,10 +573,19 @@ class Gateway:
             outcome = failure.kind
             raise ToolError(failure.message) from failure
         finally:
+            self.active_calls -= 1
+            if self._call_ended is not None:
+                self._call_ended.set()
             duration = time.monotonic() - started
             self.metrics.calls.labels(outcome).inc()
             self.metrics.duration.observe(duration)
             _log_call(ctx, outcome, duration, log)
+
+    async def drained(self) -> None:
+        """Return once no tool call is in progress (set ``draining`` first, or it may never)."""
+        while self.active_calls:
+            self._call_ended = anyio.Event()
+            await self._call_ended.wait()
 
     async def _evaluate_with_progress(
         self, code: str, ctx: Context[Any, Any], started: float
@@ -585,6 +604,11 @@ class Gateway:
         return outcome
 
     async def _evaluate(self, code: str) -> EvalResult:
+        if self.draining:
+            raise _ServiceFailure(
+                "shutting_down",
+                "The gateway is shutting down; the code did not run. Retry in a few seconds.",
+            )
         try:
             async with self.admission.slot():
                 return await self.client.eval(plotting.build_request(code))
@@ -783,7 +807,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         *streamable.routes,
     ]
     # Both sub-apps carry the same authentication middleware (none without a token).
-    return Starlette(routes=routes, middleware=streamable.user_middleware, lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=streamable.user_middleware, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app
 
 
 def __getattr__(name: str) -> Any:
@@ -794,6 +820,47 @@ def __getattr__(name: str) -> Any:
         globals()["starlette_app"] = app
         return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but SIGTERM/SIGINT first lets the calls in flight finish (up to ``grace`` s).
+
+    Meanwhile the gateway turns new calls away with a "shutting down" tool error; then the
+    usual graceful shutdown closes the connections (SSE streams included). A second signal
+    stops at once.
+    """
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway, grace: float) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+        self.grace = grace
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.gateway.draining or self._loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self.gateway.draining = True
+        asyncio.run_coroutine_threadsafe(self._drain(sig), self._loop)
+
+    async def _drain(self, sig: int) -> None:
+        gateway = self.gateway
+        if gateway.active_calls:
+            logger.info("draining %d call(s) before shutdown", gateway.active_calls)
+        with anyio.move_on_after(self.grace) as grace:
+            await gateway.drained()
+            # The last answers are written to their streams just after the tool returns.
+            await anyio.sleep(_FLUSH_DELAY)
+        if grace.cancelled_caught:
+            logger.warning("shutdown grace of %g s is over; stopping anyway", self.grace)
+        super().handle_exit(sig, None)
+
+
+_FLUSH_DELAY = 0.5
 
 
 def _parse_args(argv: Sequence[str] | None, settings: Settings) -> Settings:
@@ -837,13 +904,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(
+    # httpx logs every request at INFO: one line per call is ours to write.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.shutdown_grace),
+        timeout_graceful_shutdown=5,
     )
+    DrainingServer(config, app.state.gateway, settings.shutdown_grace).run()
 
 
 if __name__ == "__main__":

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
+from typing import Any
 
+import anyio
 import httpx
 import pytest
+from mcp import Client
 
 from evaluator import SandboxUnavailable
 from python_mcp_server import Gateway, Settings
+from tests.gateway.conftest import connect
 from tests.support import closed_port
 
 
@@ -72,3 +78,72 @@ def test_readme_commands_serve_and_stop_cleanly(command: list[str]) -> None:
         process.send_signal(signal.SIGTERM)
         # uvicorn shuts down gracefully, then re-raises the signal it caught.
         assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def start_gateway(port: int, **env: str) -> subprocess.Popen[bytes]:
+    environ = {**os.environ, "MCP_LOG_LEVEL": "warning", **env}
+    environ.pop("SNEKBOX_URL", None)
+    command = [sys.executable, "-m", "python_mcp_server", "--port", str(port)]
+    process = subprocess.Popen(command, env=environ)
+    wait_ready(f"http://127.0.0.1:{port}", process)
+    return process
+
+
+@pytest.mark.anyio
+async def test_sigterm_drains_calls_in_flight_and_turns_new_ones_away() -> None:
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_gateway(port)
+    results: dict[str, Any] = {}
+    slow = {"code": "import time\ntime.sleep(2)\nprint('finished')"}
+    try:
+        with anyio.fail_after(60):
+            async with connect(url, "sse") as sse, connect(url, "http") as http:
+
+                async def run(name: str, client: Client) -> None:
+                    results[name] = await client.call_tool("execute_python_code", slow)
+
+                async with anyio.create_task_group() as calls:
+                    calls.start_soon(run, "sse", sse)
+                    calls.start_soon(run, "http", http)
+                    await anyio.sleep(0.7)
+                    process.send_signal(signal.SIGTERM)
+                    await anyio.sleep(0.2)
+                    late = await http.call_tool("execute_python_code", {"code": "print(1)"})
+        started = time.monotonic()
+        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert time.monotonic() - started < 10
+    finally:
+        process.kill()
+    for name in ("sse", "http"):
+        assert not results[name].is_error, name
+        assert results[name].content[0].text.startswith("finished\n"), name
+    assert late.is_error
+    assert "The gateway is shutting down" in late.content[0].text
+
+
+@pytest.mark.anyio
+async def test_sigterm_stops_after_the_grace_period() -> None:
+    port = closed_port()
+    process = start_gateway(port, MCP_SHUTDOWN_GRACE="1")
+    try:
+        with anyio.fail_after(60):
+            async with (
+                connect(f"http://127.0.0.1:{port}", "http") as client,
+                anyio.create_task_group() as calls,
+            ):
+                endless = {"code": "while True: pass"}
+                calls.start_soon(_ignore_errors, client.call_tool("execute_python_code", endless))
+                await anyio.sleep(0.7)
+                sent = time.monotonic()
+                process.send_signal(signal.SIGTERM)
+                await anyio.to_thread.run_sync(process.wait, 30)
+                calls.cancel_scope.cancel()
+        assert time.monotonic() - sent < 8, "the grace period (1 s) bounds the drain"
+    finally:
+        process.kill()
+
+
+async def _ignore_errors(call: Awaitable[object]) -> None:
+    with contextlib.suppress(Exception):
+        await call
