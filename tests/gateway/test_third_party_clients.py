@@ -1,8 +1,9 @@
-"""Real third-party clients against the gateway: mcp-proxy (stdio bridge) and MCP Inspector CLI.
+"""Real third-party clients against the gateway: mcp-proxy, the MCP Inspector CLI, Claude Code.
 
-Both need tools outside the project's environment (``uvx`` for mcp-proxy 0.13, which cannot share
-an environment with mcp 2.x, and ``npx`` for the Inspector). Without them these tests skip with
-the reason; CI sets ``REQUIRE_THIRD_PARTY_CLIENTS=1`` so that a missing tool fails instead.
+They need tools outside the project's environment (``uvx`` for mcp-proxy 0.13, which cannot share
+an environment with mcp 2.x, ``npx`` for the Inspector, ``claude`` from the npm package
+``@anthropic-ai/claude-code``). Without them these tests skip with the reason; CI installs them
+and sets ``REQUIRE_THIRD_PARTY_CLIENTS=1`` so that a missing tool fails instead.
 """
 
 from __future__ import annotations
@@ -11,11 +12,24 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import ImageContent, TextContent
+
+from python_mcp_server import Settings, create_app
+from tests.support import serve
+
+
+@pytest.fixture(scope="module")
+def gateway_url(settings: Settings) -> Iterator[str]:
+    """One gateway (built-in evaluator): these tests are about the clients, not the evaluator."""
+    with serve(create_app(settings)) as url:
+        yield url
+
 
 MCP_PROXY = ["--from", "mcp-proxy==0.13.0", "mcp-proxy"]
 INSPECTOR = ["-y", "@modelcontextprotocol/inspector@2.12.0", "--cli"]
@@ -26,7 +40,7 @@ def require(tool: str) -> str:
     if path is None:
         if os.environ.get("REQUIRE_THIRD_PARTY_CLIENTS"):
             pytest.fail(f"{tool} is not installed, and REQUIRE_THIRD_PARTY_CLIENTS is set")
-        pytest.skip(f"{tool} is not installed: install uv (uvx) and Node.js (npx) to run this")
+        pytest.skip(f"{tool} is not installed (see this module's docstring)")
     return path
 
 
@@ -83,3 +97,28 @@ def test_inspector_cli_lists_and_calls_the_tool(gateway_url: str, path: str) -> 
     assert called.get("isError") in (None, False)
     assert called["content"][0]["text"].startswith("42\n")
     assert called["structuredContent"]["returncode"] == 0
+
+
+def test_claude_code_connects_over_both_transports(gateway_url: str, tmp_path: Path) -> None:
+    """The README's `claude mcp add` lines, then `claude mcp list`, which connects to each."""
+    claude = require("claude")
+    env = {**os.environ, "HOME": str(tmp_path)}
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [claude, "mcp", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env=env,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run("add", "--transport", "http", "python", f"{gateway_url}/mcp")
+    run("add", "--transport", "sse", "python-sse", f"{gateway_url}/sse")
+    listed = run("list")
+    assert f"python: {gateway_url}/mcp (HTTP) - ✔ Connected" in listed, listed
+    assert f"python-sse: {gateway_url}/sse (SSE) - ✔ Connected" in listed, listed
