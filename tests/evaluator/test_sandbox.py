@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import base64
+import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,22 +168,45 @@ async def test_network_is_unreachable(client: httpx.AsyncClient) -> None:
     assert lines[6] == "['lo']"
 
 
+PROJECT = Path(__file__).resolve().parents[2]
+
+
 async def test_host_files_are_invisible(client: httpx.AsyncClient) -> None:
+    """Only the paths leading to the read-only binds exist; nothing else of the host shows."""
+    binds = [Path(sys.prefix), Path(sys.base_prefix)]
+    # Every ancestor of a bind must list exactly the next component(s) towards the binds.
+    expected: dict[str, set[str]] = {}
+    for bind in binds:
+        for parent, child in zip(bind.parents, [bind, *bind.parents], strict=False):
+            if parent != Path("/"):
+                expected.setdefault(str(parent), set()).add(child.name)
+    hidden = [
+        "/etc/shadow",
+        "/etc/passwd",
+        str(PROJECT / "pyproject.toml"),
+        "/root/.bashrc",
+        "/home/../etc",
+        "/sys/fs/cgroup",
+        "/var",
+        "/usr/bin/python3",
+        "/bin/sh",
+    ]
+    if "/tmp" not in expected:
+        hidden.append("/tmp")
     code = (
-        "import os\n"
-        "for p in ['/etc/shadow', '/etc/passwd', '/work/main/pyproject.toml', '/root/.bashrc',"
-        " '/tmp', '/home/../etc', '/sys/fs/cgroup', '/var', '/usr/bin/python3', '/bin/sh']:\n"
-        "    print(p, os.path.exists(p))\n"
-        "print(sorted(os.listdir('/')), os.listdir('/work'), os.listdir('/work/main'),"
-        " os.listdir('/root'))"
+        "import json, os\n"
+        f"hidden = {hidden!r}\n"
+        f"dirs = {sorted(expected)!r}\n"
+        "print(json.dumps({'exists': [p for p in hidden if os.path.exists(p)],"
+        " 'root': sorted(os.listdir('/')),"
+        " 'dirs': {d: sorted(os.listdir(d)) for d in dirs}}))"
     )
     result = await run(client, code)
-    lines = result["stdout"].splitlines()
-    assert all(line.endswith(" False") for line in lines[:-1]), lines
-    assert lines[-1] == (
-        "['dev', 'home', 'lib', 'lib64', 'proc', 'root', 'usr', 'work'] ['main'] ['.venv'] "
-        "['.pyenv']"
-    )
+    seen = json.loads(result["stdout"])
+    assert seen["exists"] == []
+    tops = {bind.parts[1] for bind in binds}
+    assert seen["root"] == sorted({"dev", "home", "lib", "lib64", "proc", "usr"} | tops)
+    assert seen["dirs"] == {d: sorted(children) for d, children in expected.items()}
 
 
 async def test_host_environment_is_invisible(
@@ -213,7 +238,7 @@ async def test_host_processes_are_invisible(client: httpx.AsyncClient) -> None:
 async def test_writes_outside_the_working_directory_fail(client: httpx.AsyncClient) -> None:
     code = (
         "import os\n"
-        "for d in ['/', '/usr/lib/x86_64-linux-gnu', '/work/main/.venv', '/root', '/dev',"
+        f"for d in ['/', '/usr/lib/x86_64-linux-gnu', {sys.prefix!r}, {sys.base_prefix!r}, '/dev',"
         " '/proc', '/tmp', '/lib']:\n"
         "    try:\n"
         "        open(os.path.join(d, 'x'), 'w').close(); print(d, 'WRITTEN')\n"
@@ -318,7 +343,7 @@ async def test_symlinks_and_fifos_never_leak(client: httpx.AsyncClient) -> None:
     code = (
         "import os\n"
         "os.symlink('/etc/shadow', 'shadow'); os.symlink('/etc/passwd', 'passwd')\n"
-        "os.symlink('/', 'root'); os.symlink('/work/main/pyproject.toml', 'project')\n"
+        f"os.symlink('/', 'root'); os.symlink({str(PROJECT / 'pyproject.toml')!r}, 'project')\n"
         "os.mkfifo('fifo'); open('real.txt', 'w').write('real')"
     )
     result = await run(client, code)
