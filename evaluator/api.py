@@ -3,6 +3,9 @@
 The status codes and the ``title`` / ``description`` bodies are Snekbox's (Falcon's) own. The
 evaluator's domain errors are translated to HTTP here and nowhere else; anything unexpected is
 logged and answered with a bare 500.
+
+A client that goes away (closes its connection) before the answer gets its run cancelled, and so
+its sandbox killed: servers do not cancel a request handler when the client disconnects.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import posixpath
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import jsonschema  # type: ignore[import-untyped]
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -142,7 +146,9 @@ class _EvalEndpoint:
             return Response(status_code=200, headers={"Allow": "POST"})
         try:
             body = await self._read_json(request)
-            result = await self._evaluator.run(parse_request(body))
+            result = await self._run_while_connected(request, parse_request(body))
+        except ClientDisconnect:  # while sending the body
+            result = None
         except _HTTPError as exc:
             return exc.response()
         except RequestInvalid as exc:
@@ -158,7 +164,31 @@ class _EvalEndpoint:
         except Exception:
             log.exception("An exception occurred while trying to process the request")
             return _HTTPError(500, "500 Internal Server Error").response()
+        if result is None:
+            # Nobody reads this answer: the server drops it (nginx's "client closed request").
+            return _HTTPError(499, "499 Client Closed Request").response()
         return JSONResponse(_result_json(result))
+
+    async def _run_while_connected(
+        self, request: Request, eval_request: EvalRequest
+    ) -> EvalResult | None:
+        """Run, unless the client disconnects first: then cancel the run and return ``None``.
+
+        The body must have been read: from then on, the only message left to receive is
+        ``http.disconnect`` (sent at disconnection, or once the answer is sent).
+        """
+        result: EvalResult | None = None
+        error: Exception | None = None
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
+            try:
+                result = await self._evaluator.run(eval_request)
+            except Exception as exc:  # raised below, not wrapped in an ExceptionGroup
+                error = exc
+            group.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return result
 
     async def _read_json(self, request: Request) -> Any:
         content_type = request.headers.get("content-type")
@@ -186,6 +216,13 @@ class _EvalEndpoint:
             return json.loads(data.decode())
         except ValueError as exc:
             raise _HTTPError(400, "Invalid JSON", f"Could not parse JSON body - {exc}") from exc
+
+
+async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    log.info("the client disconnected before the answer: its run is cancelled")
+    scope.cancel()
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

@@ -4,7 +4,8 @@ cgroup v2 is used where this process may create children with the memory and pid
 (a delegated subtree); else cgroup v1's memory and pids hierarchies where they are writable
 (as root on hosts like this one); else nothing, and the jail falls back to rlimits. Each run gets
 ``<hierarchy>/<name>/<service pid>-<n>``; directories left by a service that died are swept at
-start.
+start. A hierarchy is used only once a trial run cgroup could be made in it, with its limits: the
+parent directory may exist yet belong to another user (made by root, the service run as a user).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class Cgroups:
         """Find where run cgroups can be created, preferring v2; never raises."""
         mounts = _cgroup_mounts()
         v2 = _setup_v2(mounts, name, memory_bytes, pids_max)
-        if v2 is not None:
+        if v2 is not None and _usable(v2, "cgroup v2"):
             return cls({"memory": v2, "pids": v2}, 2)
         found: dict[str, _Hierarchy] = {}
         for controller, limits in (
@@ -113,11 +114,13 @@ class Cgroups:
             try:
                 parent.mkdir(exist_ok=True)
             except OSError as exc:
-                log.debug("cgroup v1 %s at %s is not usable: %s", controller, parent, exc)
+                log.info("cgroup v1 %s at %s is not usable: %s", controller, parent, exc)
                 continue
             if controller == "memory" and not (root / "memory.memsw.limit_in_bytes").exists():
                 limits = limits[:1]
-            found[controller] = _Hierarchy(parent, limits, kill_file=False)
+            hierarchy = _Hierarchy(parent, limits, kill_file=False)
+            if _usable(hierarchy, f"cgroup v1 {controller}"):
+                found[controller] = hierarchy
         return cls(found, 1 if found else None)
 
     @property
@@ -165,14 +168,40 @@ class Cgroups:
                 if match is None or not d.is_dir() or alive(int(match[1])):
                     continue
                 stale = RunCgroup((d,), hierarchy.kill_file)
-                stale.kill()
-                if stale.remove():
-                    removed += 1
-                else:
+                try:
+                    stale.kill()
+                    busy = not stale.remove()
+                except OSError as exc:  # another user's, say
+                    log.warning("stale cgroup %s cannot be removed: %s", d, exc)
+                    continue
+                if busy:
                     log.warning(
                         "stale cgroup %s is still busy; it will be retried at next start", d
                     )
+                else:
+                    removed += 1
         return removed
+
+
+def _usable(hierarchy: _Hierarchy, what: str) -> bool:
+    """Whether run cgroups can be made here: try one, with its limits and ``cgroup.procs``.
+
+    Its name is a run's that never occurs (``<pid>-0``), so a sweep removes it if it stays.
+    """
+    trial = hierarchy.parent / f"{os.getpid()}-0"
+    try:
+        trial.mkdir(exist_ok=True)
+        try:
+            for file, value in hierarchy.limits:
+                (trial / file).write_text(value)
+            if not os.access(trial / "cgroup.procs", os.W_OK):
+                raise PermissionError(errno.EACCES, "cannot join", str(trial / "cgroup.procs"))
+        finally:
+            trial.rmdir()
+    except OSError as exc:
+        log.info("%s at %s is not usable, falling back: %s", what, hierarchy.parent, exc)
+        return False
+    return True
 
 
 def _v1_memory_limits(memory_bytes: int) -> tuple[tuple[str, str], ...]:

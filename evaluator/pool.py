@@ -1,0 +1,186 @@
+"""Sandboxes made ahead of time, one per slot, and their disposal after each run.
+
+A sandbox is a run's working directory, its cgroups and a process forked into them that waits
+for its command line (see :mod:`.jail`). Each slot keeps its next sandbox ready while idle, so a
+request pays only for bwrap and the interpreter. Disposal (kill, unmount, cgroup removal) runs
+in the background once the answer is produced, always, and :meth:`SandboxPool.aclose` waits for
+all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import seccomp
+from .cgroups import Cgroups, RunCgroup
+from .jail import JailedProcess
+from .procfs import reap_orphans
+from .workdir import Workdir, WorkdirRoot
+
+__all__ = ["Sandbox", "SandboxPool"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sandbox:
+    """Everything one run needs, made ahead of time."""
+
+    workdir: Workdir
+    cgroup: RunCgroup | None
+    process: JailedProcess
+
+
+class SandboxPool:
+    """Makes sandboxes, keeps ``ready`` of them prepared, and disposes of them.
+
+    Args:
+        root: Where the working directories are created.
+        cgroups: The factory of the runs' cgroups.
+        workdir_size: Bytes of each working directory.
+        workdir_inodes: Inodes of each working directory.
+        rlimits: ``(resource, limit)`` pairs set in every run's process.
+        seccomp_program: The compiled seccomp filter, or ``None`` for none.
+        host_env: ``None`` for runs in bwrap (which sets the environment); else the environment
+            of unsandboxed runs, whose home and temporary directories are then set to the
+            working directory's host path.
+        ready: Sandboxes kept prepared while idle (0: each run prepares its own).
+    """
+
+    def __init__(
+        self,
+        root: WorkdirRoot,
+        cgroups: Cgroups,
+        *,
+        workdir_size: int,
+        workdir_inodes: int,
+        rlimits: Sequence[tuple[int, int]],
+        seccomp_program: bytes | None,
+        host_env: Mapping[str, str] | None,
+        ready: int,
+    ) -> None:
+        self._root = root
+        self._cgroups = cgroups
+        self._workdir_size = workdir_size
+        self._workdir_inodes = workdir_inodes
+        self._rlimits = tuple(rlimits)
+        self._seccomp = seccomp_program
+        self._host_env = dict(host_env) if host_env is not None else None
+        self._target = ready
+        self._ready: list[Sandbox] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    def take(self) -> Sandbox:
+        """A ready sandbox, or a new one; the caller hands it to :meth:`retire` when done.
+
+        Raises:
+            OSError: a new sandbox could not be made.
+        """
+        return self._ready.pop() if self._ready else self.prepare()
+
+    def prepare(self) -> Sandbox:
+        """Make a sandbox: working directory, cgroups, and the process waiting in them.
+
+        Raises:
+            OSError: any part could not be made (what was made is removed again).
+        """
+        workdir = Workdir.create(self._root, self._workdir_size, self._workdir_inodes)
+        cgroup = None
+        try:
+            cgroup = self._cgroups.create()
+            seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None
+            try:
+                process = JailedProcess.spawn(
+                    cgroup=cgroup,
+                    rlimits=self._rlimits,
+                    seccomp_fd=seccomp_fd,
+                    cwd="/" if self._host_env is None else str(workdir.path),
+                    env=self._environment(workdir),
+                )
+            finally:
+                if seccomp_fd is not None:
+                    os.close(seccomp_fd)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.kill()
+                cgroup.remove()
+            workdir.remove()
+            raise
+        return Sandbox(workdir, cgroup, process)
+
+    def retire(self, sandbox: Sandbox) -> None:
+        """Dispose of a used sandbox in the background, then prepare the slot's next one."""
+        self._spawn(self._retire(sandbox))
+
+    async def dispose(self, sandbox: Sandbox) -> None:
+        """Kill what is left of a run and remove its sandbox, each step whatever the others did."""
+        try:
+            await sandbox.process.aclose()
+        except Exception:
+            log.exception("could not reap the sandbox process %d", sandbox.process.pid)
+        if sandbox.cgroup is not None:
+            try:
+                await _remove_cgroup(sandbox.cgroup)
+            except OSError:
+                log.exception("could not remove the cgroup %s", sandbox.cgroup.dirs)
+        try:
+            # The runs' own processes are never touched: each is reaped by its JailedProcess.
+            reap_orphans("bwrap")
+            sandbox.workdir.remove()
+        except OSError:
+            log.exception("could not remove the working directory %s", sandbox.workdir.path)
+
+    def refill(self) -> None:
+        """Prepare sandboxes until ``ready`` of them wait."""
+        while not self._closing and len(self._ready) < self._target:
+            try:
+                self._ready.append(self.prepare())
+            except OSError:
+                log.exception("could not prepare a sandbox ahead of time")
+                return
+
+    async def aclose(self) -> None:
+        """Wait for every disposal, then dispose of the ready sandboxes."""
+        self._closing = True
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        while self._ready:
+            await self.dispose(self._ready.pop())
+
+    async def _retire(self, sandbox: Sandbox) -> None:
+        await self.dispose(sandbox)
+        self.refill()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run in the background; :meth:`aclose` waits for it."""
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _environment(self, workdir: Workdir) -> dict[str, str]:
+        """The process's environment: empty under bwrap, else with the host paths of the run."""
+        if self._host_env is None:
+            return {}
+        home = str(workdir.path)
+        return {
+            **self._host_env,
+            "HOME": home,
+            "TMPDIR": f"{home}/.tmp",
+            "MPLCONFIGDIR": f"{home}/.config/matplotlib",
+        }
+
+
+async def _remove_cgroup(cgroup: RunCgroup) -> None:
+    """Remove a run's cgroup; processes can take a few ms to leave it after they died (EBUSY)."""
+    for _ in range(400):
+        cgroup.kill()
+        if cgroup.remove():
+            return
+        await asyncio.sleep(0.005)
+    log.error("cgroup %s still busy after 2 s; left in place", cgroup.dirs)
