@@ -894,6 +894,14 @@ def _parse_args(argv: Sequence[str] | None, settings: Settings) -> Settings:
     )
 
 
+def _without_query_strings(record: logging.LogRecord) -> bool:
+    """Drop query strings from access-log lines: a client may put a secret there."""
+    if isinstance(record.args, tuple) and len(record.args) == 5:
+        client, method, path, version, status = record.args
+        record.args = (client, method, str(path).split("?", 1)[0], version, status)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: ``python-mcp-server [--host H] [--port P] [--snekbox-url URL]``."""
     try:
@@ -901,11 +909,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         app = create_app(settings)
     except ValueError as exc:
         sys.exit(f"python-mcp-server: {exc}")
+    # force: the mcp SDK configures the root logger when the server is created.
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
     )
     # httpx logs every request at INFO: one line per call is ours to write.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.access").addFilter(_without_query_strings)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -70,14 +70,17 @@ def test_readme_commands_serve_and_stop_cleanly(command: list[str]) -> None:
     args = [arg.format(port=port) for arg in command]
     env = {**os.environ, "MCP_PORT": str(port), "MCP_LOG_LEVEL": "warning"}
     env.pop("SNEKBOX_URL", None)
-    process = subprocess.Popen([sys.executable, *args], env=env)
+    process = subprocess.Popen([sys.executable, *args], env=env, stderr=subprocess.PIPE)
     try:
         ready = wait_ready(f"http://127.0.0.1:{port}", process)
         assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
     finally:
         process.send_signal(signal.SIGTERM)
         # uvicorn shuts down gracefully, then re-raises the signal it caught.
-        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode in (0, -signal.SIGTERM)
+    if "uvicorn" not in command:  # plain uvicorn takes its own --log-level, not MCP_LOG_LEVEL
+        assert b" INFO " not in stderr and b"INFO:" not in stderr, "MCP_LOG_LEVEL=warning holds"
 
 
 def start_gateway(port: int, **env: str) -> subprocess.Popen[bytes]:
