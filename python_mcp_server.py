@@ -923,7 +923,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=5,
+        # After the drain, what remains are idle streams: close them promptly.
+        timeout_graceful_shutdown=2,
     )
     DrainingServer(config, app.state.gateway, settings.shutdown_grace).run()
 
