@@ -590,18 +590,12 @@ class Gateway:
     async def _evaluate_with_progress(
         self, code: str, ctx: Context[Any, Any], started: float
     ) -> EvalResult:
-        outcome: EvalResult | _ServiceFailure
-        async with anyio.create_task_group() as progress:
-            progress.start_soon(self._report_progress, ctx, started)
-            # Caught inside: the task group would wrap it in an ExceptionGroup.
-            try:
-                outcome = await self._evaluate(code)
-            except _ServiceFailure as failure:
-                outcome = failure
-            progress.cancel_scope.cancel()
-        if isinstance(outcome, _ServiceFailure):
-            raise outcome
-        return outcome
+        # A plain task rather than a task group, so the evaluation's errors come back unwrapped.
+        progress = asyncio.ensure_future(self._report_progress(ctx, started))
+        try:
+            return await self._evaluate(code)
+        finally:
+            progress.cancel()
 
     async def _evaluate(self, code: str) -> EvalResult:
         if self.draining:

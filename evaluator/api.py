@@ -10,6 +10,7 @@ its sandbox killed: servers do not cancel a request handler when the client disc
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -19,7 +20,6 @@ import posixpath
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 import jsonschema  # type: ignore[import-untyped]
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -177,18 +177,21 @@ class _EvalEndpoint:
         The body must have been read: from then on, the only message left to receive is
         ``http.disconnect`` (sent at disconnection, or once the answer is sent).
         """
-        result: EvalResult | None = None
-        error: Exception | None = None
-        async with anyio.create_task_group() as group:
-            group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
-            try:
-                result = await self._evaluator.run(eval_request)
-            except Exception as exc:  # raised below, not wrapped in an ExceptionGroup
-                error = exc
-            group.cancel_scope.cancel()
-        if error is not None:
-            raise error
-        return result
+        # Plain tasks rather than a task group, so the run's own errors come back unwrapped.
+        run = asyncio.ensure_future(self._evaluator.run(eval_request))
+        watch = asyncio.ensure_future(_wait_for_disconnect(request))
+        try:
+            await asyncio.wait((run, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not run.done():
+                run.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run
+        if run.cancelled():
+            log.info("the client disconnected before the answer: its run is cancelled")
+            return None
+        return run.result()
 
     async def _read_json(self, request: Request) -> Any:
         content_type = request.headers.get("content-type")
@@ -218,11 +221,9 @@ class _EvalEndpoint:
             raise _HTTPError(400, "Invalid JSON", f"Could not parse JSON body - {exc}") from exc
 
 
-async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
+async def _wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    log.info("the client disconnected before the answer: its run is cancelled")
-    scope.cancel()
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

@@ -36,6 +36,9 @@ class Sandbox:
     process: JailedProcess
 
 
+_ANSWER_FIRST = 0.002
+
+
 class SandboxPool:
     """Makes sandboxes, keeps ``ready`` of them prepared, and disposes of them.
 
@@ -154,6 +157,9 @@ class SandboxPool:
             await self.dispose(self._ready.pop())
 
     async def _retire(self, sandbox: Sandbox) -> None:
+        # Disposal starts with synchronous work (kill, rmdir, umount, a fork to refill); the
+        # run's caller is woken only after this task's first step, so let its answer go first.
+        await asyncio.sleep(_ANSWER_FIRST)
         await self.dispose(sandbox)
         self.refill()
 

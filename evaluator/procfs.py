@@ -80,11 +80,11 @@ def reap_orphans(command: str) -> int:
     me = os.getpid()
     reaped = 0
     with _lock:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) in _owned:
+        for pid in _children():
+            if pid in _owned:
                 continue
             try:
-                stat = (entry / "stat").read_text()
+                stat = Path(f"/proc/{pid}/stat").read_text()
             except OSError:
                 continue
             # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
@@ -92,8 +92,23 @@ def reap_orphans(command: str) -> int:
             state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
             if state == "Z" and int(ppid) == me and comm == command:
                 try:
-                    os.waitpid(int(entry.name), os.WNOHANG)
+                    os.waitpid(pid, os.WNOHANG)
                     reaped += 1
                 except ChildProcessError:
                     pass
     return reaped
+
+
+def _children() -> set[int]:
+    """This process's children: each thread's ``children`` file, else every pid on the system.
+
+    The per-thread lists (CONFIG_PROC_CHILDREN) make a sweep cost a few reads instead of one
+    per process on the machine, which matters because a sweep follows every run.
+    """
+    pids: set[int] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            pids.update(map(int, Path(f"/proc/self/task/{task}/children").read_text().split()))
+    except FileNotFoundError:
+        return {int(name) for name in os.listdir("/proc") if name.isdigit()}
+    return pids
