@@ -1,10 +1,11 @@
 """The gateway: an MCP server whose tool ``execute_python_code`` runs Python in a sandbox.
 
 One Starlette app, :data:`starlette_app`, serves MCP over SSE (``GET /sse`` + ``POST /messages/``)
-and over Streamable HTTP (``/mcp``), plus ``/healthz`` and ``/readyz``. Every call is forwarded as
-one ``POST /eval`` through :mod:`snekbox_client` to the evaluation service: the Snekbox at
-``SNEKBOX_URL``, or, when none is set, the built-in :mod:`evaluator` running in-process behind an
-ASGI transport. :mod:`plotting` supplies the prelude that turns matplotlib figures into PNG files.
+and over Streamable HTTP (``/mcp``), plus ``/healthz``, ``/readyz`` and ``/metrics``. Every call
+is forwarded as one ``POST /eval`` through :mod:`snekbox_client` to the evaluation service: the
+Snekbox at ``SNEKBOX_URL``, or, when none is set, the built-in :mod:`evaluator` running in-process
+behind an ASGI transport. :mod:`plotting` supplies the prelude that turns matplotlib figures into
+PNG files.
 
 Run it with ``python-mcp-server`` (see ``--help``) or ``uvicorn python_mcp_server:starlette_app``;
 the latter reads its settings from the environment when the attribute is first looked up.
@@ -68,11 +69,19 @@ from snekbox_client import (
 )
 
 __all__ = [
+    "Admission",
+    "Busy",
+    "DrainingServer",
     "ExecutionResult",
+    "FileInfo",
     "Gateway",
+    "ImageInfo",
+    "Metrics",
     "Settings",
+    "StaticTokenVerifier",
     "create_app",
     "create_server",
+    "describe_exit",
     "main",
     "render_result",
 ]
@@ -226,6 +235,8 @@ Status = Literal[
 
 
 class ImageInfo(BaseModel):
+    """A figure the run drew, and whether the result carries it."""
+
     path: str
     size: int = Field(description="PNG size in bytes")
     width: int | None = None
@@ -234,6 +245,8 @@ class ImageInfo(BaseModel):
 
 
 class FileInfo(BaseModel):
+    """A file the run wrote (other than a figure)."""
+
     path: str
     size: int = Field(description="size in bytes")
 
