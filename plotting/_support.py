@@ -43,7 +43,7 @@ FIGURE_MAX_PIXELS = 2000
 #: The in-memory backend: ``matplotlib.use("module://_mcp_backend")``.
 BACKEND_MODULE = "_mcp_backend"
 #: The file name of the user's code (in tracebacks and linecache).
-CODE_FILENAME = "<code>"
+CODE_FILENAME = "<string>"
 
 # Set by configure(): where figures go, the user's source, the prelude's file name. Then how
 # many figures were created and how many names were taken.
@@ -67,12 +67,6 @@ def configure(*, workdir: str, source: bytes, hide: str) -> None:
 
 
 # --- tracebacks ------------------------------------------------------------------------------
-
-
-def report_compile_error(exc: BaseException) -> None:
-    """Print why the user's code does not compile, as ``python`` would for a script."""
-    exc.__traceback__ = None  # the compile() call is the prelude's, not the user's
-    _print_exception(exc)
 
 
 def report_uncaught(exc: BaseException) -> None:

@@ -31,8 +31,8 @@ def test_exception_shows_only_the_users_frames_and_lines(run_code: RunCode) -> N
     )
     assert run.returncode == 1
     assert run.output.startswith("before\nTraceback (most recent call last):\n")
-    assert '  File "<code>", line 5, in <module>\n    divide(1, 0)\n' in run.output
-    assert '  File "<code>", line 3, in divide\n    return a / b\n' in run.output
+    assert '  File "<string>", line 5, in <module>\n    divide(1, 0)\n' in run.output
+    assert '  File "<string>", line 3, in divide\n    return a / b\n' in run.output
     assert run.output.endswith("ZeroDivisionError: division by zero\n")
     assert run.output.count('File "') == 2
     assert "_mcp" not in run.output and "prelude" not in run.output
@@ -49,8 +49,8 @@ def test_chained_exceptions_are_kept(run_code: RunCode) -> None:
     )
     assert run.returncode == 1
     assert "The above exception was the direct cause of the following exception:" in run.output
-    assert '  File "<code>", line 2, in <module>\n    {}["key"]\n' in run.output
-    assert '  File "<code>", line 4, in <module>\n    raise ValueError("no key") from exc\n' in (
+    assert '  File "<string>", line 2, in <module>\n    {}["key"]\n' in run.output
+    assert '  File "<string>", line 4, in <module>\n    raise ValueError("no key") from exc\n' in (
         run.output
     )
     assert run.output.endswith("ValueError: no key\n")
@@ -60,7 +60,7 @@ def test_chained_exceptions_are_kept(run_code: RunCode) -> None:
 def test_syntax_error_points_at_the_users_line(run_code: RunCode) -> None:
     run = run_code("x = 1\ny = 2\nif x = y:\n    pass\n")
     assert run.returncode == 1
-    assert run.output.startswith('  File "<code>", line 3\n    if x = y:\n')
+    assert run.output.startswith('  File "<string>", line 3\n    if x = y:\n')
     assert "SyntaxError: " in run.output
     assert "Traceback" not in run.output and "_mcp" not in run.output
 
@@ -131,7 +131,7 @@ def test_keyboard_interrupt_behaves_like_python(run_code: RunCode) -> None:
         """)
     )
     assert run.returncode == -signal.SIGINT
-    assert '  File "<code>", line 3, in <module>\n' in run.output
+    assert '  File "<string>", line 3, in <module>\n' in run.output
     assert "KeyboardInterrupt\n" in run.output and "atexit ran\n" in run.output
     assert "_mcp" not in run.output
 
@@ -150,7 +150,7 @@ def test_code_runs_as_main_in_a_fresh_module(run_code: RunCode) -> None:
     )
     assert run.returncode == 0, run.output
     assert run.output.splitlines() == [
-        "__main__ ['<code>'] False",
+        "__main__ ['<string>'] False",
         "True",
         "Point",
         "['__builtins__', '__doc__', '__loader__', '__name__', '__package__', '__spec__']",
@@ -186,8 +186,8 @@ def test_handled_tracebacks_and_warnings_show_the_users_source(run_code: RunCode
         """)
     )
     assert run.returncode == 0
-    assert '  File "<code>", line 3, in <module>\n    1 / 0\n' in run.output
-    assert '<code>:6: UserWarning: careful\n  warnings.warn("careful")\n' in run.output
+    assert '  File "<string>", line 3, in <module>\n    1 / 0\n' in run.output
+    assert '<string>:6: UserWarning: careful\n  warnings.warn("careful")\n' in run.output
 
 
 def test_inspect_finds_the_users_source(run_code: RunCode) -> None:
@@ -208,7 +208,7 @@ def test_a_users_excepthook_is_honoured(run_code: RunCode) -> None:
             raise ValueError
         """)
     )
-    assert (run.output, run.returncode) == ("hook: ValueError <code>\n", 1)
+    assert (run.output, run.returncode) == ("hook: ValueError <string>\n", 1)
 
 
 def test_output_order_is_kept_with_buffered_stdout(run_code: RunCode) -> None:
