@@ -16,7 +16,10 @@ def test_all_names_exist_and_public_classes_are_listed(name: str) -> None:
     defined_here = {
         item
         for item, value in vars(module).items()
-        if not item.startswith("_")
+        # isidentifier: pydantic registers parametrized generics such as "Context[Any, Any]"
+        # in the namespace of the module that first uses them.
+        if item.isidentifier()
+        and not item.startswith("_")
         and (inspect.isclass(value) or inspect.isfunction(value))
         and (value.__module__ or "").startswith(name)
     }
