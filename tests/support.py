@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import uvicorn
 
 
@@ -44,3 +46,19 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_until_answers(
+    url: str, process: subprocess.Popen[Any], *, method: str = "GET", timeout: float = 60
+) -> httpx.Response:
+    """Poll ``url`` until a server started as ``process`` answers; fail if it exits or stalls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited during startup ({process.returncode})")
+        try:
+            return httpx.request(method, url)
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer within {timeout:g} s") from None
+            time.sleep(0.05)

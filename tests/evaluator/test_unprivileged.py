@@ -13,14 +13,13 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support import closed_port
+from tests.support import closed_port, wait_until_answers
 
 PROJECT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -64,16 +63,10 @@ def service(venv: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert process.poll() is None, process.communicate()[0]
-        try:
-            if httpx.options(f"{url}/eval").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the unprivileged evaluator did not start"
-        time.sleep(0.1)
+    try:
+        assert wait_until_answers(f"{url}/eval", process, method="OPTIONS").status_code == 200
+    except RuntimeError:
+        pytest.fail("the unprivileged evaluator exited:\n" + process.communicate()[0])
     try:
         yield url, process
     finally:

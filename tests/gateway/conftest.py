@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 
-import httpx
 import pytest
 from mcp import Client
 from mcp.client.sse import sse_client
 
 from python_mcp_server import Settings, create_app
-from tests.support import closed_port, serve
+from tests.support import closed_port, serve, wait_until_answers
 
 TIME_LIMIT = 2.0
 
@@ -35,16 +33,7 @@ def evaluator_service() -> Iterator[str]:
     command = [sys.executable, "-m", "evaluator", "--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen([*command, "--time-limit", str(TIME_LIMIT)])
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, "the evaluator service exited during startup"
-            try:
-                if httpx.options(f"{url}/eval").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the evaluator service did not start in 30 s"
-            time.sleep(0.05)
+        assert wait_until_answers(f"{url}/eval", process, method="OPTIONS").status_code == 200
         yield url
     finally:
         process.terminate()

@@ -20,7 +20,7 @@ from mcp import Client
 from evaluator import SandboxUnavailable
 from python_mcp_server import Gateway, Settings
 from tests.gateway.conftest import connect
-from tests.support import closed_port
+from tests.support import closed_port, wait_until_answers
 
 
 def test_healthz_and_readyz(gateway_url: str) -> None:
@@ -46,17 +46,6 @@ async def test_no_sandbox_means_no_start(settings: Settings) -> None:
             pass
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes]) -> httpx.Response:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the gateway exited during startup"
-        try:
-            return httpx.get(f"{url}/readyz")
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise TimeoutError("the gateway did not answer within 60 s")
-
-
 @pytest.mark.parametrize(
     "command",
     [
@@ -72,7 +61,7 @@ def test_readme_commands_serve_and_stop_cleanly(command: list[str]) -> None:
     env.pop("SNEKBOX_URL", None)
     process = subprocess.Popen([sys.executable, *args], env=env, stderr=subprocess.PIPE)
     try:
-        ready = wait_ready(f"http://127.0.0.1:{port}", process)
+        ready = wait_until_answers(f"http://127.0.0.1:{port}/readyz", process)
         assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
     finally:
         process.send_signal(signal.SIGTERM)
@@ -88,7 +77,7 @@ def start_gateway(port: int, **env: str) -> subprocess.Popen[bytes]:
     environ.pop("SNEKBOX_URL", None)
     command = [sys.executable, "-m", "python_mcp_server", "--port", str(port)]
     process = subprocess.Popen(command, env=environ)
-    wait_ready(f"http://127.0.0.1:{port}", process)
+    wait_until_answers(f"http://127.0.0.1:{port}/readyz", process)
     return process
 
 
