@@ -58,7 +58,7 @@ async def test_infinite_loop_is_killed_at_the_time_limit(client: httpx.AsyncClie
     elapsed = time.monotonic() - started
     assert result["returncode"] == 137
     assert result["stdout"] == "started\n"
-    assert TIME_LIMIT <= elapsed < TIME_LIMIT + 1
+    assert TIME_LIMIT <= elapsed < TIME_LIMIT + 5  # upper bound: killed, not left running
 
 
 async def test_memory_bomb_is_137(client: httpx.AsyncClient) -> None:

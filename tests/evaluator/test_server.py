@@ -57,7 +57,7 @@ async def test_time_limit_from_the_environment(server: str) -> None:
         started = time.monotonic()
         result = await client.eval(EvalRequest(input="while True: pass"))
         assert result.returncode == 137
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 2 + 8  # killed at the limit, not left running
 
 
 async def test_the_evaluators_own_port_is_unreachable(server: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,24 +15,32 @@ from mcp.client.sse import sse_client
 from python_mcp_server import Settings, create_app
 from tests.support import closed_port, serve, wait_until_answers
 
-TIME_LIMIT = 2.0
+#: The time limit of the shared gateways: far above what any call of the suite needs (the
+#: heaviest, numpy + pandas + a figure, takes about 1 s on an idle machine), so that a loaded
+#: machine never turns a normal call into a time-limit kill.
+TIME_LIMIT = 30.0
+#: The time limit of the gateways that test the kill itself, whose code never ends.
+KILL_LIMIT = 2.0
 
 
-@pytest.fixture(scope="session")
-def settings() -> Settings:
-    defaults = Settings()
+def with_time_limit(settings: Settings, time_limit: float) -> Settings:
     return replace(
-        defaults, evaluator_config=replace(defaults.evaluator_config, time_limit=TIME_LIMIT)
+        settings, evaluator_config=replace(settings.evaluator_config, time_limit=time_limit)
     )
 
 
 @pytest.fixture(scope="session")
-def evaluator_service() -> Iterator[str]:
+def settings() -> Settings:
+    return with_time_limit(Settings(), TIME_LIMIT)
+
+
+@contextlib.contextmanager
+def evaluator_service(time_limit: float) -> Iterator[str]:
     """``python -m evaluator`` as its own process: the gateway reaches it as it would Snekbox."""
     port = closed_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "evaluator", "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen([*command, "--time-limit", str(TIME_LIMIT)])
+    process = subprocess.Popen([*command, "--time-limit", str(time_limit)])
     try:
         assert wait_until_answers(f"{url}/eval", process, method="OPTIONS").status_code == 200
         yield url
@@ -40,12 +49,26 @@ def evaluator_service() -> Iterator[str]:
         process.wait(timeout=15)
 
 
+@contextlib.contextmanager
+def gateway(settings: Settings, where: str) -> Iterator[str]:
+    """The gateway under uvicorn; its evaluator in-process, or a service at ``SNEKBOX_URL``."""
+    with contextlib.ExitStack() as stack:
+        if where == "over-http":
+            service = evaluator_service(settings.evaluator_config.time_limit)
+            settings = replace(settings, snekbox_url=stack.enter_context(service))
+        yield stack.enter_context(serve(create_app(settings)))
+
+
 @pytest.fixture(scope="session", params=["in-process", "over-http"])
 def gateway_url(request: pytest.FixtureRequest, settings: Settings) -> Iterator[str]:
-    """The gateway under uvicorn; its evaluator in-process, or a service at ``SNEKBOX_URL``."""
-    if request.param == "over-http":
-        settings = replace(settings, snekbox_url=request.getfixturevalue("evaluator_service"))
-    with serve(create_app(settings)) as url:
+    with gateway(settings, request.param) as url:
+        yield url
+
+
+@pytest.fixture(scope="session", params=["in-process", "over-http"])
+def kill_gateway_url(request: pytest.FixtureRequest, settings: Settings) -> Iterator[str]:
+    """A gateway whose runs are killed after :data:`KILL_LIMIT` seconds."""
+    with gateway(with_time_limit(settings, KILL_LIMIT), request.param) as url:
         yield url
 
 

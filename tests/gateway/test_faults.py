@@ -41,7 +41,8 @@ from tests.support import serve
 
 pytestmark = pytest.mark.anyio
 
-TIME_LIMIT = 2.0
+#: Far above what the calls here need, so a loaded machine never turns one into a kill.
+TIME_LIMIT = 30.0
 TRANSPORTS = pytest.mark.parametrize("transport", ["sse", "http"])
 UNREACHABLE = "The Python evaluation service is unreachable ("
 DID_NOT_RUN = "the code did not run. Retry in a few seconds"
@@ -86,7 +87,8 @@ async def test_evaluator_down_then_back(
             elapsed = time.monotonic() - started
             assert result.is_error
             assert UNREACHABLE in text_of(result) and DID_NOT_RUN in text_of(result)
-            assert elapsed < 2.0, f"the error took {elapsed:.1f} s"
+            # Connection refused answers at once; the bound is far below the 30 s eval timeout.
+            assert elapsed < 10, f"the error took {elapsed:.1f} s"
             reason = "the evaluation service is unreachable"
             assert await readyz(url) == (503, {"status": "unavailable", "reason": reason})
 
@@ -128,7 +130,7 @@ async def test_evaluator_that_never_answers(
         "within 1.5 s; the result is lost. Retry, and if the code is slow, make it faster "
         "or smaller."
     )
-    assert 1.5 <= elapsed < 3.5, f"answered after {elapsed:.1f} s"
+    assert 1.5 <= elapsed < 10, f"answered after {elapsed:.1f} s"
     reason = "the evaluation service is unhealthy (EvaluatorTimeout)"
     assert ready == (503, {"status": "unavailable", "reason": reason})
 

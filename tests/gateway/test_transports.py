@@ -13,7 +13,7 @@ from mcp.types import ImageContent, TextContent
 from PIL import Image
 
 from python_mcp_server import Settings, create_app
-from tests.gateway.conftest import TIME_LIMIT, connect
+from tests.gateway.conftest import KILL_LIMIT, connect
 from tests.support import closed_port, serve
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("transport", ["sse", "http"])]
@@ -90,8 +90,10 @@ async def test_files_the_code_saves_are_listed(gateway_url: str, transport: str)
     assert "table.csv (8 bytes)" in text_of(result)
 
 
-async def test_time_limit_kill(gateway_url: str, transport: str) -> None:
-    result = await call(gateway_url, transport, "print('spinning', flush=True)\nwhile True: pass")
+async def test_time_limit_kill(kill_gateway_url: str, transport: str) -> None:
+    result = await call(
+        kill_gateway_url, transport, "print('spinning', flush=True)\nwhile True: pass"
+    )
     assert not result.is_error
     assert result.structured_content["returncode"] == 137
     assert result.structured_content["status"] == "killed"
@@ -99,7 +101,8 @@ async def test_time_limit_kill(gateway_url: str, transport: str) -> None:
     assert text.startswith("spinning\n")
     assert "time limit or the memory limit" in text
     killed_after = re.search(r"killed after (\d+\.\d) s", text)
-    assert killed_after and TIME_LIMIT <= float(killed_after.group(1)) < TIME_LIMIT + 3
+    # Not before the limit; the upper bound only says the run did not go on unbounded.
+    assert killed_after and KILL_LIMIT <= float(killed_after.group(1)) < KILL_LIMIT + 10
 
 
 async def test_output_flood_is_capped_and_cut(gateway_url: str, transport: str) -> None:
