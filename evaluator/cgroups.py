@@ -1,11 +1,12 @@
-"""Per-run cgroups: the memory and process limits, and a sure way to kill a run's processes.
+"""Per-run cgroups: the memory, process and CPU limits, and a sure way to kill a run's processes.
 
-cgroup v2 is used where this process may create children with the memory and pids controllers
-(a delegated subtree); else cgroup v1's memory and pids hierarchies where they are writable
-(as root on hosts like this one); else nothing, and the jail falls back to rlimits. Each run gets
-``<hierarchy>/<name>/<service pid>-<n>``; directories left by a service that died are swept at
-start. A hierarchy is used only once a trial run cgroup could be made in it, with its limits: the
-parent directory may exist yet belong to another user (made by root, the service run as a user).
+cgroup v2 is used where this process may create children with the memory and pids controllers (a
+delegated subtree; cpu too where delegated); else cgroup v1's memory, pids and cpu hierarchies
+where they are writable (as root on hosts like this one); else nothing, and the jail falls back
+to rlimits. Each run gets ``<hierarchy>/<name>/<service pid>-<n>``; directories left by a
+service that died are swept at start. A hierarchy is used only once a trial run cgroup could be
+made in it, with its limits: the parent directory may exist yet belong to another user (made by
+root, the service run as a user).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = ["Cgroups", "RunCgroup"]
 log = logging.getLogger(__name__)
 
 _RUN_NAME = re.compile(r"(\d+)-\d+")
+_CPU_PERIOD = 100_000  # microseconds
 # Shared by every Cgroups of this process, so that two evaluators never pick the same name.
 _run_numbers = itertools.count(1)
 
@@ -96,16 +98,32 @@ class Cgroups:
         self.version = version
 
     @classmethod
-    def detect(cls, name: str, memory_bytes: int, pids_max: int) -> Cgroups:
-        """Find where run cgroups can be created, preferring v2; never raises."""
+    def detect(cls, name: str, memory_bytes: int, pids_max: int, cpus: float) -> Cgroups:
+        """Find where run cgroups can be created, preferring v2; never raises.
+
+        ``cpus``: the CPU quota of each run; every run also gets the default weight, so that
+        runs share the CPU fairly whatever number of processes each one has.
+        """
         mounts = _cgroup_mounts()
-        v2 = _setup_v2(mounts, name, memory_bytes, pids_max)
+        quota = max(1000, round(cpus * _CPU_PERIOD))
+        v2 = _setup_v2(mounts, name, memory_bytes, pids_max, quota)
         if v2 is not None and _usable(v2, "cgroup v2"):
-            return cls({"memory": v2, "pids": v2}, 2)
+            controllers = {"memory": v2, "pids": v2}
+            if any(file == "cpu.max" for file, _ in v2.limits):
+                controllers["cpu"] = v2
+            return cls(controllers, 2)
         found: dict[str, _Hierarchy] = {}
         for controller, limits in (
             ("memory", _v1_memory_limits(memory_bytes)),
             ("pids", (("pids.max", str(pids_max)),)),
+            (
+                "cpu",
+                (
+                    ("cpu.shares", "1024"),
+                    ("cpu.cfs_period_us", str(_CPU_PERIOD)),
+                    ("cpu.cfs_quota_us", str(quota)),
+                ),
+            ),
         ):
             root = mounts.get(controller)
             if root is None:
@@ -139,6 +157,15 @@ class Cgroups:
         if "pids" not in self._hierarchies:
             return None
         return f"cgroup v{self.version} pids.max"
+
+    @property
+    def cpu(self) -> str | None:
+        """How the CPU is shared, or ``None`` when no cgroup does it."""
+        if "cpu" not in self._hierarchies:
+            return None
+        if self.version == 2:
+            return "cgroup v2 cpu.weight (equal for every run) and cpu.max"
+        return "cgroup v1 cpu.shares (equal for every run) and cpu.cfs_quota_us"
 
     def create(self) -> RunCgroup | None:
         """Create a run's cgroup with its limits; ``None`` when there is no cgroup support."""
@@ -213,7 +240,7 @@ def _v1_memory_limits(memory_bytes: int) -> tuple[tuple[str, str], ...]:
 
 
 def _setup_v2(
-    mounts: dict[str, Path], name: str, memory_bytes: int, pids_max: int
+    mounts: dict[str, Path], name: str, memory_bytes: int, pids_max: int, cpu_quota: int
 ) -> _Hierarchy | None:
     """Our own v2 cgroup, when it delegates memory and pids to children we may create."""
     root = mounts.get("cgroup2")
@@ -225,21 +252,25 @@ def _setup_v2(
         controllers = (base / "cgroup.controllers").read_text().split()
         if not {"memory", "pids"} <= set(controllers):
             return None
+        wanted = {"memory", "pids"} | ({"cpu"} & set(controllers))
+        enable = " ".join(f"+{c}" for c in sorted(wanted))
         enabled = (base / "cgroup.subtree_control").read_text().split()
-        if not {"memory", "pids"} <= set(enabled):
+        if not wanted <= set(enabled):
             # Fails (EBUSY) when our cgroup holds processes and is not a namespace root.
-            (base / "cgroup.subtree_control").write_text("+memory +pids")
+            (base / "cgroup.subtree_control").write_text(enable)
         parent = base / name
         parent.mkdir(exist_ok=True)
-        (parent / "cgroup.subtree_control").write_text("+memory +pids")
+        (parent / "cgroup.subtree_control").write_text(enable)
     except OSError as exc:
         log.debug("cgroup v2 at %s is not delegated to us: %s", base, exc)
         return None
-    limits = (
+    limits: tuple[tuple[str, str], ...] = (
         ("memory.max", str(memory_bytes)),
         ("memory.swap.max", "0"),
         ("pids.max", str(pids_max)),
     )
+    if "cpu" in wanted:
+        limits += (("cpu.weight", "100"), ("cpu.max", f"{cpu_quota} {_CPU_PERIOD}"))
     return _Hierarchy(parent, limits, kill_file=(parent / "cgroup.kill").exists())
 
 
@@ -258,7 +289,7 @@ def _cgroup_mounts() -> dict[str, Path]:
         if fstype == "cgroup2":
             found.setdefault("cgroup2", mount_point)
         elif fstype == "cgroup":
-            for controller in ("memory", "pids"):
+            for controller in ("memory", "pids", "cpu"):
                 if controller in options:
                     found.setdefault(controller, mount_point)
     return found

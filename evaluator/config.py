@@ -31,6 +31,8 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
     "EVALUATOR_CONCURRENCY": ("concurrency", int),
     "EVALUATOR_MAX_QUEUE": ("max_queue", int),
     "EVALUATOR_UNSANDBOXED": ("unsandboxed", lambda value: value == UNSANDBOXED_CONSENT),
+    "EVALUATOR_SANDBOX_UID": ("sandbox_uid", int),
+    "EVALUATOR_CPU_LIMIT": ("cpu_limit", float),
 }
 
 
@@ -90,6 +92,12 @@ class EvaluatorConfig:
             the interpreter on its path.
         unsandboxed: Run code WITHOUT any sandbox: no isolation at all, only the limits that
             rlimits give. For debugging on machines where bubblewrap cannot work.
+        sandbox_uid: When the service runs as root: the first of the host uids (and gids) the
+            sandboxes get, one per sandbox alive (see :attr:`sandbox_uids`). The default lies
+            above every range that Linux distributions and systemd allocate (users, system
+            and dynamic users, container ranges end at 1879048191) and below 2**31.
+        cpu_limit: CPUs each run may use at most (a cgroup quota); every run also gets the
+            same CPU weight, so that concurrent runs share the machine fairly.
     """
 
     time_limit: float = 15.0
@@ -112,6 +120,8 @@ class EvaluatorConfig:
     seccomp: bool = True
     prewarm: bool = True
     unsandboxed: bool = False
+    sandbox_uid: int = 2_000_000_000
+    cpu_limit: float = 1.0
 
     def __post_init__(self) -> None:
         positive = {
@@ -125,12 +135,18 @@ class EvaluatorConfig:
             "shm_size": self.shm_size,
             "threads": self.threads,
             "concurrency": self.concurrency,
+            "cpu_limit": self.cpu_limit,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"EvaluatorConfig.{name} must be positive, not {value!r}")
         if self.max_files < 0 or (self.max_queue is not None and self.max_queue < 0):
             raise ValueError("EvaluatorConfig.max_files and max_queue may not be negative")
+        if not 1000 <= self.sandbox_uid <= 2**31 - 1 - self.sandbox_uids:
+            raise ValueError(
+                f"EvaluatorConfig.sandbox_uid must leave {self.sandbox_uids} uids between 1000 "
+                f"and 2**31 - 1, not {self.sandbox_uid!r}"
+            )
         if not self.cgroup_name or "/" in self.cgroup_name or self.cgroup_name.startswith("."):
             raise ValueError(
                 f"EvaluatorConfig.cgroup_name is not a plain name: {self.cgroup_name!r}"
@@ -151,6 +167,11 @@ class EvaluatorConfig:
                 except ValueError as exc:
                     raise ValueError(f"{env_name}={raw!r}: {exc}") from exc
         return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def sandbox_uids(self) -> int:
+        """How many sandboxes may be alive at once: ready, running, and being disposed of."""
+        return 4 * self.concurrency + 16
 
     @property
     def queue_limit(self) -> int:

@@ -19,7 +19,14 @@ from .config import EvaluatorConfig, MiB
 from .errors import SandboxUnavailable
 from .jail import SandboxView
 
-__all__ = ["MPLCONFIGDIR", "WHAT_TO_DO", "check_prerequisites", "environment", "sandbox_view"]
+__all__ = [
+    "MPLCONFIGDIR",
+    "WHAT_TO_DO",
+    "check_prerequisites",
+    "environment",
+    "interpreter_paths",
+    "sandbox_view",
+]
 
 #: matplotlib's configuration directory inside the sandbox.
 MPLCONFIGDIR = "/home/.config/matplotlib"
@@ -51,11 +58,10 @@ def check_prerequisites(bwrap: str) -> None:
             "AppArmor restricts unprivileged user namespaces",
         ),
     ]
+    # Even as root: bwrap always runs as the run's unprivileged user (see users.py).
     for path, bad, problem in checks:
         with contextlib.suppress(OSError):
-            if Path(path).read_text().strip() == bad and (
-                os.geteuid() != 0 or path.endswith("max_user_namespaces")
-            ):
+            if Path(path).read_text().strip() == bad:
                 raise SandboxUnavailable(f"{problem} ({path} is {bad}). " + WHAT_TO_DO)
 
 
@@ -72,7 +78,7 @@ def sandbox_view(config: EvaluatorConfig) -> SandboxView:
         )
     paths = config.readonly_paths
     if paths is None:
-        paths = _interpreter_paths(config.executable)
+        paths = interpreter_paths(config.executable)
     # Parents before children, so that no bind hides another.
     ordered = tuple(sorted(set(paths), key=lambda p: (len(Path(p).parts), p)))
     symlinks = tuple(
@@ -111,7 +117,7 @@ def environment(config: EvaluatorConfig) -> dict[str, str]:
     }
 
 
-def _interpreter_paths(executable: str) -> tuple[str, ...]:
+def interpreter_paths(executable: str) -> tuple[str, ...]:
     """What the interpreter needs: its environment, its prefix, the system libraries."""
     if os.path.realpath(executable) == os.path.realpath(sys.executable):
         prefixes = [sys.prefix, sys.base_prefix]

@@ -1,11 +1,11 @@
 """The bwrap command line, and one jailed process: started, limited, read and killed.
 
-A run's process is forked ahead of time (see :meth:`JailedProcess.spawn`): the child joins the
-run's cgroups (the slow part on cgroup v1: ~9 ms per ``cgroup.procs`` write), sets its rlimits
-and file descriptors, then blocks reading its command line from a pipe. A request only writes
-the command line and closes the pipe: the child execs bwrap and the clock starts. bwrap's own
-``--args FD`` cannot do this: it takes options from the fd, but the command must already be on
-its real command line.
+A run's process is started ahead of time (see :meth:`JailedProcess.spawn`): the service spawns
+the launcher (:mod:`evaluator._launcher`), which joins the run's cgroups (the slow part on
+cgroup v1: ~9 ms per ``cgroup.procs`` write), sets its rlimits, drops to the run's host user,
+then blocks reading its command line from a pipe. A request only writes the command line and
+closes the pipe: the launcher execs bwrap and the clock starts. bwrap's own ``--args FD`` cannot
+do this: it takes options from the fd, but the command must already be on its real command line.
 """
 
 from __future__ import annotations
@@ -13,38 +13,45 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import ctypes
-import fcntl
+import json
 import logging
 import os
-import resource
+import select
 import signal
+import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Literal
 
 from .cgroups import RunCgroup
-from .procfs import fork_owned, reap_owned
+from .procfs import reap_owned, spawn_owned
 
 __all__ = ["JailedProcess", "Outcome", "SandboxView", "decode_output"]
 
 log = logging.getLogger(__name__)
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_PR_SET_PDEATHSIG = 1
-
-# Ends a released command line; a child that reads EOF without it (the run was cancelled, or
-# the service died mid-write) exits without running anything.
+_LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
+# Ends a released command line; a launcher that reads EOF without it (the run was cancelled,
+# or the service died mid-write) exits without running anything.
 _RELEASE = b"\xffrun\xff"
-# Where the child finds its pipes: fd 3 the command line, fd 4 the seccomp program.
-_ARGS_FD, _SECCOMP_FD = 3, 4
-# The sandbox user: nobody, like Snekbox.
+# Where bwrap finds the seccomp program (the launcher's fd 4).
+_SECCOMP_FD = 4
+# The user inside the sandbox: nobody, like Snekbox. On the host it is the run's own uid.
 SANDBOX_UID = 65534
+# The device nodes of /dev inside. bwrap's own --dev would mount a devpts, which makes it map
+# the sandbox user to uid 0 of an intermediate user namespace (seen in /proc/self/uid_map).
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# Host facts a run has no use for, covered by an empty file.
+_MASKED_PROC_FILES = ("/proc/cmdline",)
 INVALID_UTF8 = "UnicodeDecodeError: invalid Unicode in output pipe"
 # Seconds to wait for the output to end after the process exited, and for a kill to take effect.
 _DRAIN_GRACE, _KILL_GRACE = 0.5, 5.0
+# The watchdog thread kills a run this long after its time limit if the event loop, stalled,
+# has not done it already.
+_WATCHDOG_MARGIN = 0.25
 # Reported when the exit status is lost (the child was reaped by someone else: never expected).
 LOST_STATUS = 255
 
@@ -74,10 +81,12 @@ class SandboxView:
         workdir: Path,
         seccomp: bool,
         readonly_files: Sequence[tuple[str, str]] = (),
+        empty_file: str | None = None,
     ) -> list[str]:
         """The complete command line running ``command`` in ``workdir`` (``/home`` inside).
 
-        ``readonly_files`` are ``(host path, sandbox path)`` pairs bound read-only.
+        ``readonly_files`` are ``(host path, sandbox path)`` pairs bound read-only;
+        ``empty_file``, an empty host file, covers the ``/proc`` files that tell of the host.
         """
         argv = [
             self.bwrap,
@@ -96,9 +105,19 @@ class SandboxView:
             argv += ["--ro-bind", path, path]
         for target, link in self.symlinks:
             argv += ["--symlink", target, link]
+        argv += ["--proc", "/proc", "--tmpfs", "/dev"]
+        for device in _DEVICES:
+            argv += ["--dev-bind", device, device]
+        for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
+            argv += ["--symlink", f"/proc/self/fd/{fd}", f"/dev/{name}"]
+        argv += ["--symlink", "/proc/self/fd", "/dev/fd"]
+        # No sysctl is writable, not even those of the run's own namespaces (ns_last_pid is
+        # 0666): /proc/sys is an empty, read-only directory.
+        argv += ["--tmpfs", "/proc/sys", "--remount-ro", "/proc/sys"]
+        if empty_file is not None:
+            for path in _MASKED_PROC_FILES:
+                argv += ["--ro-bind", empty_file, path]
         argv += [
-            "--proc", "/proc",
-            "--dev", "/dev",
             "--size", str(self.shm_size), "--tmpfs", "/dev/shm",
             "--bind", str(workdir), "/home",
         ]  # fmt: skip
@@ -120,8 +139,45 @@ class Outcome:
     ended_by: Literal["exit", "time_limit", "output_limit"]
 
 
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What the launcher does before it waits for the command line (see :mod:`._launcher`).
+
+    Args:
+        cgroup_procs: ``cgroup.procs`` files it writes its pid into, first of all.
+        rlimits: ``(resource, limit)`` pairs set as soft and hard limits.
+        user: The host ``(uid, gid)`` it drops to; ``None`` keeps the service's own.
+        covers: ``(directory, paths)``: the directory, which the run's user may not traverse,
+            is covered by a tmpfs holding bind mounts of only ``paths``, in a mount namespace
+            of the run's own.
+        cwd: Its working directory.
+        env: The environment of the command (bwrap clears it for the code anyway).
+    """
+
+    cgroup_procs: tuple[str, ...] = ()
+    rlimits: tuple[tuple[int, int], ...] = ()
+    user: tuple[int, int] | None = None
+    covers: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    cwd: str = "/"
+    env: Mapping[str, str] | None = None
+
+    def argv(self, parent: int) -> list[str]:
+        spec = {
+            "cgroup_procs": list(self.cgroup_procs),
+            "rlimits": [list(pair) for pair in self.rlimits],
+            "uid": self.user[0] if self.user else None,
+            "gid": self.user[1] if self.user else None,
+            "covers": [[d, list(paths)] for d, paths in self.covers],
+            "cwd": self.cwd,
+            "env": dict(self.env or {}),
+            "parent": parent,
+        }
+        # -I -S: none of the environment, no site-packages, so nothing of the service loads.
+        return [sys.executable, "-I", "-S", _LAUNCHER, json.dumps(spec)]
+
+
 class JailedProcess:
-    """A child forked ahead of time, in its cgroups, waiting for its command line."""
+    """A launcher started ahead of time, in its cgroups, waiting for its command line."""
 
     def __init__(self, pid: int, args_fd: int, output_fd: int, cgroup: RunCgroup | None) -> None:
         self.pid = pid
@@ -131,45 +187,47 @@ class JailedProcess:
         self._pidfd = os.pidfd_open(pid)
         self._returncode: int | None = None
         self.released_at: float | None = None
+        self._deadline: float | None = None
+        # Guards the exit status and kills: the watchdog thread may kill while the loop reaps.
+        self._lock = threading.Lock()
+        self._watchdog: threading.Timer | None = None
+        self._timed_out = False
 
     @classmethod
     def spawn(
-        cls,
-        *,
-        cgroup: RunCgroup | None,
-        rlimits: Sequence[tuple[int, int]] = (),
-        seccomp_fd: int | None = None,
-        cwd: str = "/",
-        env: Mapping[str, str] | None = None,
+        cls, spec: LaunchSpec, *, cgroup: RunCgroup | None, seccomp_fd: int | None = None
     ) -> JailedProcess:
-        """Fork the child; it blocks until :meth:`release` (or exits on :meth:`cancel`).
+        """Start the launcher; it blocks until :meth:`release` (or exits on :meth:`cancel`).
 
         Args:
-            cgroup: The cgroups the child joins before anything else.
-            rlimits: ``(resource, limit)`` pairs set as soft and hard limits.
-            seccomp_fd: A seccomp program, handed to the child as fd 4.
-            cwd: The child's working directory.
-            env: The environment of the command (bwrap clears it for the code anyway).
+            spec: What the launcher does first.
+            cgroup: The run's cgroups (``spec`` names their ``cgroup.procs`` files).
+            seccomp_fd: A seccomp program, handed to the launcher as fd 4.
         """
         args_r, args_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        procs_files = cgroup.procs_files if cgroup is not None else ()
-        env_bytes = {os.fsencode(k): os.fsencode(v) for k, v in (env or {}).items()}
-        parent = os.getpid()
-        max_fd = os.sysconf("SC_OPEN_MAX")
-        # os.fork, not subprocess: the command line is only known later. The child runs only
-        # os-level calls until it execs, which is what subprocess's preexec_fn does too.
-        # The child is owned from the start: only this object reaps it (see procfs).
-        pid = fork_owned()
-        if pid == 0:
-            _child(args_r, out_w, seccomp_fd, procs_files, rlimits, cwd, env_bytes, parent, max_fd)
-        os.close(args_r)
-        os.close(out_w)
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        fds = [null, out_w, out_w, args_r]
+        if seccomp_fd is not None:
+            fds.append(seccomp_fd)
+        try:
+            argv = spec.argv(os.getpid())
+            pid = spawn_owned(argv[0], argv, fds=fds, env={})
+        except BaseException:
+            for fd in (args_w, out_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (args_r, out_w, null):
+                os.close(fd)
         os.set_blocking(out_r, False)
         return cls(pid, args_w, out_r, cgroup)
 
-    def release(self, argv: Sequence[str]) -> None:
-        """Hand the child its command line: it execs it now, and the clock starts.
+    def release(self, argv: Sequence[str], time_limit: float) -> None:
+        """Hand the launcher its command line: it execs it now, and the clock starts.
+
+        Past ``time_limit`` seconds the tree is killed: by :meth:`wait`, or, should the event
+        loop be stalled, by a watchdog thread shortly after.
 
         Raises:
             ValueError: an argument contains a NUL byte.
@@ -185,13 +243,17 @@ class JailedProcess:
             while view:
                 view = view[os.write(fd, view) :]
         except BrokenPipeError:
-            pass  # the child died before its release; wait() reports its status
+            pass  # the launcher died before its release; wait() reports its status
         finally:
             os.close(fd)
         self.released_at = time.monotonic()
+        self._deadline = self.released_at + time_limit
+        self._watchdog = threading.Timer(time_limit + _WATCHDOG_MARGIN, self._on_deadline)
+        self._watchdog.daemon = True
+        self._watchdog.start()
 
     def cancel(self) -> None:
-        """Let a child that was never released exit without running anything."""
+        """Let a launcher that was never released exit without running anything."""
         if self._args_fd is not None:
             os.close(self._args_fd)
             self._args_fd = None
@@ -201,19 +263,27 @@ class JailedProcess:
 
         bwrap's --die-with-parent and the PID namespace take down whatever is left inside.
         """
-        if self._returncode is None:  # once reaped, the pid (and group id) may be reused
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
+        with self._lock:
+            if self._returncode is None:  # once reaped, the pid (and group id) may be reused
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
         if self._cgroup is not None:
             self._cgroup.kill()
 
-    async def wait(self, time_limit: float, output_limit: int) -> Outcome:
+    def _on_deadline(self) -> None:
+        """The watchdog: the time limit is over and the loop has not ended the run."""
+        if select.select([self._pidfd], [], [], 0)[0]:
+            return  # it exited by itself
+        self._timed_out = True
+        self.kill()
+
+    async def wait(self, output_limit: int) -> Outcome:
         """Read the output until the process ends, enforcing the time and output limits.
 
-        Past ``time_limit`` seconds after :meth:`release`, the tree is killed (137); past
+        Past the time limit given to :meth:`release`, the tree is killed (137); past
         ``output_limit`` bytes, bwrap is sent SIGTERM (143) and its tree dies with it.
         """
-        if self.released_at is None or self._output_fd is None:
+        if self._deadline is None or self._output_fd is None:
             raise RuntimeError("wait() needs a released process")
         loop = asyncio.get_running_loop()
         output = bytearray()
@@ -252,7 +322,7 @@ class JailedProcess:
         loop.add_reader(output_fd, on_output)
         loop.add_reader(self._pidfd, on_exit)
         try:
-            remaining = self.released_at + time_limit - time.monotonic()
+            remaining = self._deadline - time.monotonic()
             await asyncio.wait((drained, exited), timeout=max(remaining, 0))
             if not exited.done():
                 if ended_by == "exit":
@@ -270,6 +340,10 @@ class JailedProcess:
             stop_reading()
             loop.remove_reader(self._pidfd)
         returncode = self._reap(block=exited.done())
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._timed_out and ended_by == "exit":
+            ended_by = "time_limit"
         if ended_by == "time_limit":
             returncode = 128 + signal.SIGKILL
         return Outcome(returncode, bytes(output), ended_by)
@@ -280,6 +354,10 @@ class JailedProcess:
         The returncode as a shell reports it (128 + signal for a signal). Not blocking and still
         running after SIGKILL (stuck in the kernel): reported as killed, reaped by aclose().
         """
+        with self._lock:
+            return self._reap_locked(block=block)
+
+    def _reap_locked(self, *, block: bool) -> int:
         if self._returncode is None:
             try:
                 result = reap_owned(self.pid, self._pidfd, block=block)
@@ -299,9 +377,11 @@ class JailedProcess:
     async def aclose(self) -> None:
         """Kill what is left, reap the child and release the file descriptors.
 
-        A child never released exits by itself once its command-line pipe is closed.
+        A launcher never released exits by itself once its command-line pipe is closed.
         """
         self.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self._returncode is None:
             if self.released_at is not None:
                 self.kill()
@@ -339,55 +419,3 @@ def decode_output(output: bytes, *, truncated: bool) -> str | None:
         return codecs.getincrementaldecoder("utf-8")().decode(output, final=not truncated)
     except UnicodeDecodeError:
         return None
-
-
-def _child(
-    args_r: int,
-    out_w: int,
-    seccomp_fd: int | None,
-    procs_files: Sequence[str],
-    rlimits: Sequence[tuple[int, int]],
-    cwd: str,
-    env: Mapping[bytes, bytes],
-    parent: int,
-    max_fd: int,
-) -> NoReturn:
-    """The forked child: join the cgroups, wait for the command line, exec it. Never returns."""
-    try:
-        os.setsid()  # its own process group, to kill the tree; no terminal signals
-        # Dies with the service (the flag survives exec), so a run never outlives it.
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(0)
-        for path in procs_files:
-            fd = os.open(path, os.O_WRONLY)
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
-        for limit_resource, limit in rlimits:
-            resource.setrlimit(limit_resource, (limit, limit))
-        null = os.open(os.devnull, os.O_RDWR)
-        # Move every source above the targets first, so no dup2 overwrites another source.
-        sources = [null, out_w, out_w, args_r]
-        if seccomp_fd is not None:
-            sources.append(seccomp_fd)
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 16) for fd in sources]
-        for target, fd in enumerate(high):
-            os.dup2(fd, target)  # dup2 clears close-on-exec on the target
-        os.closerange(len(high), max_fd)
-        os.chdir(cwd)
-        chunks = []
-        while chunk := os.read(_ARGS_FD, 65536):
-            chunks.append(chunk)
-        os.close(_ARGS_FD)
-        data = b"".join(chunks)
-        if not data.endswith(_RELEASE):
-            os._exit(0)
-        argv = data[: -len(_RELEASE)].split(b"\0")[:-1]
-        for signum in (signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(signum, signal.SIG_DFL)  # Python ignores them; exec keeps that
-        os.execve(argv[0], argv, env)
-    except BaseException as exc:
-        with contextlib.suppress(BaseException):
-            os.write(2, f"evaluator: the sandbox could not start: {exc!r}\n".encode())
-    finally:
-        os._exit(255)

@@ -14,6 +14,7 @@ from pathlib import Path
 from .cgroups import Cgroups
 from .config import EvaluatorConfig, MiB
 from .models import Limit
+from .users import RunUsers
 
 __all__ = ["ADDRESS_SPACE_HEADROOM", "describe", "rlimits"]
 
@@ -23,18 +24,24 @@ ADDRESS_SPACE_HEADROOM = 512 * MiB
 
 
 def rlimits(
-    config: EvaluatorConfig, cgroups: Cgroups, *, mounted: bool
+    config: EvaluatorConfig, cgroups: Cgroups, *, mounted: bool, own_uid: bool
 ) -> tuple[list[tuple[int, int]], int | None]:
     """The ``(resource, limit)`` pairs of every run, and the RLIMIT_NPROC among them, if any.
 
     Args:
         mounted: Whether each working directory is a size-bounded tmpfs.
+        own_uid: Whether each run has a host uid of its own (see :mod:`.users`).
     """
     pairs = [(resource.RLIMIT_CORE, 0)]
     nproc = None
     if cgroups.memory is None:
         pairs.append((resource.RLIMIT_AS, config.memory_limit * MiB + ADDRESS_SPACE_HEADROOM))
-    if cgroups.pids is None and os.geteuid() != 0:
+    if own_uid:
+        # The uid is the run's alone, so the per-user count is exactly the run's processes
+        # (and threads), as in the pids cgroup.
+        nproc = config.pids_limit
+        pairs.append((resource.RLIMIT_NPROC, nproc))
+    elif cgroups.pids is None:
         # Counts every process of the user, so leave room for the ones already running.
         nproc = _processes_of(os.getuid()) + config.pids_limit
         pairs.append((resource.RLIMIT_NPROC, nproc))
@@ -49,6 +56,7 @@ def describe(
     *,
     mounted: bool,
     nproc: int | None,
+    users: RunUsers,
     seccomp_reason: str | None,
 ) -> tuple[Limit, ...]:
     """Which limits are really enforced, and how.
@@ -56,6 +64,7 @@ def describe(
     Args:
         mounted: Whether each working directory is a size-bounded tmpfs.
         nproc: The RLIMIT_NPROC of every run, if any.
+        users: The host users of the runs.
         seccomp_reason: Why there is no seccomp filter; ``None`` when there is one.
     """
     sandboxed = not config.unsandboxed
@@ -69,17 +78,29 @@ def describe(
             "(code gets MemoryError, not 137; tmpfs and /dev/shm are not counted)"
         )
     if pids is None:
-        pids = (
-            f"no pids cgroup; RLIMIT_NPROC {nproc} (counts every process of uid {os.getuid()})"
-            if nproc is not None
-            else "no pids cgroup, and RLIMIT_NPROC does not apply to root"
-        )
+        if nproc is None:
+            pids = "no pids cgroup, and RLIMIT_NPROC does not apply to root"
+        elif users.dropping:
+            pids = f"no pids cgroup; RLIMIT_NPROC {nproc} of the run's own uid"
+        else:
+            pids = (
+                f"no pids cgroup; RLIMIT_NPROC {nproc} (counts every process of uid {os.getuid()})"
+            )
+    elif nproc is not None and users.dropping:
+        pids += f" and RLIMIT_NPROC {nproc} of the run's own uid"
+    cpu = cgroups.cpu
     return (
         Limit("time", True, f"{config.time_limit:g} s, then the whole tree is killed (137)"),
         Limit("memory", True, f"{config.memory_limit} MiB: {memory}"),
         Limit(
             "processes", nproc is not None or cgroups.pids is not None,
             f"{config.pids_limit}: {pids}",
+        ),
+        Limit(
+            "cpu", cpu is not None,
+            f"{config.cpu_limit:g} CPUs, an equal share: {cpu}"
+            if cpu is not None
+            else "no cpu cgroup: a run may take CPU time from the others",
         ),
         Limit("output", True, f"{config.output_limit} bytes, then SIGTERM (143)"),
         Limit(
@@ -104,10 +125,12 @@ def describe(
             if sandboxed
             else "the host's",
         ),
+        Limit("user", users.dropping, users.describe()),
         Limit(
             "syscalls",
             seccomp_reason is None,
-            "seccomp filter (ptrace, mount, namespaces, bpf, keyctl, ... denied)"
+            "seccomp filter (ptrace, mount, namespaces, bpf, keyctl, ... denied; sockets: "
+            "AF_UNIX, AF_INET, AF_INET6 only)"
             if seccomp_reason is None
             else f"no seccomp filter: {seccomp_reason}",
         ),

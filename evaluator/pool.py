@@ -1,10 +1,10 @@
 """Sandboxes made ahead of time, one per slot, and their disposal after each run.
 
-A sandbox is a run's working directory, its cgroups and a process forked into them that waits
-for its command line (see :mod:`.jail`). Each slot keeps its next sandbox ready while idle, so a
-request pays only for bwrap and the interpreter. Disposal (kill, unmount, cgroup removal) runs
-in the background once the answer is produced, always, and :meth:`SandboxPool.aclose` waits for
-all of it.
+A sandbox is a run's working directory, its cgroups, its host user and a launcher started in
+them that waits for its command line (see :mod:`.jail`). Each slot keeps its next sandbox ready
+while idle, so a request pays only for bwrap and the interpreter. Disposal (kill, unmount,
+cgroup removal) runs in the background once the answer is produced, always, and
+:meth:`SandboxPool.aclose` waits for all of it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any
 
 from . import seccomp
 from .cgroups import Cgroups, RunCgroup
-from .jail import JailedProcess
+from .jail import JailedProcess, LaunchSpec
 from .procfs import reap_orphans
+from .users import RunUsers
 from .workdir import Workdir, WorkdirRoot
 
 __all__ = ["Sandbox", "SandboxPool"]
@@ -34,6 +35,7 @@ class Sandbox:
     workdir: Workdir
     cgroup: RunCgroup | None
     process: JailedProcess
+    user: tuple[int, int] | None
 
 
 _ANSWER_FIRST = 0.002
@@ -45,6 +47,9 @@ class SandboxPool:
     Args:
         root: Where the working directories are created.
         cgroups: The factory of the runs' cgroups.
+        users: The host users of the runs.
+        covers: Host directories the runs' user may not traverse, with the paths below them
+            it needs (see :func:`.users.covers`).
         workdir_size: Bytes of each working directory.
         workdir_inodes: Inodes of each working directory.
         rlimits: ``(resource, limit)`` pairs set in every run's process.
@@ -59,7 +64,9 @@ class SandboxPool:
         self,
         root: WorkdirRoot,
         cgroups: Cgroups,
+        users: RunUsers,
         *,
+        covers: tuple[tuple[str, tuple[str, ...]], ...] = (),
         workdir_size: int,
         workdir_inodes: int,
         rlimits: Sequence[tuple[int, int]],
@@ -69,6 +76,8 @@ class SandboxPool:
     ) -> None:
         self._root = root
         self._cgroups = cgroups
+        self._users = users
+        self._covers = covers
         self._workdir_size = workdir_size
         self._workdir_inodes = workdir_inodes
         self._rlimits = tuple(rlimits)
@@ -93,19 +102,28 @@ class SandboxPool:
         Raises:
             OSError: any part could not be made (what was made is removed again).
         """
-        workdir = Workdir.create(self._root, self._workdir_size, self._workdir_inodes)
+        user = self._users.take()
         cgroup = None
         try:
+            workdir = Workdir.create(
+                self._root, self._workdir_size, self._workdir_inodes, owner=user
+            )
+        except BaseException:
+            self._users.give_back(user)
+            raise
+        try:
             cgroup = self._cgroups.create()
+            spec = LaunchSpec(
+                cgroup_procs=cgroup.procs_files if cgroup is not None else (),
+                rlimits=self._rlimits,
+                user=user,
+                covers=self._covers,
+                cwd="/" if self._host_env is None else str(workdir.path),
+                env=self._environment(workdir),
+            )
             seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None
             try:
-                process = JailedProcess.spawn(
-                    cgroup=cgroup,
-                    rlimits=self._rlimits,
-                    seccomp_fd=seccomp_fd,
-                    cwd="/" if self._host_env is None else str(workdir.path),
-                    env=self._environment(workdir),
-                )
+                process = JailedProcess.spawn(spec, cgroup=cgroup, seccomp_fd=seccomp_fd)
             finally:
                 if seccomp_fd is not None:
                     os.close(seccomp_fd)
@@ -114,8 +132,9 @@ class SandboxPool:
                 cgroup.kill()
                 cgroup.remove()
             workdir.remove()
+            self._users.give_back(user)
             raise
-        return Sandbox(workdir, cgroup, process)
+        return Sandbox(workdir, cgroup, process, user)
 
     def retire(self, sandbox: Sandbox) -> None:
         """Dispose of a used sandbox in the background, then prepare the slot's next one."""
@@ -127,17 +146,23 @@ class SandboxPool:
             await sandbox.process.aclose()
         except Exception:
             log.exception("could not reap the sandbox process %d", sandbox.process.pid)
+        emptied = True
         if sandbox.cgroup is not None:
             try:
-                await _remove_cgroup(sandbox.cgroup)
+                emptied = await _remove_cgroup(sandbox.cgroup)
             except OSError:
                 log.exception("could not remove the cgroup %s", sandbox.cgroup.dirs)
+                emptied = False
         try:
             # The runs' own processes are never touched: each is reaped by its JailedProcess.
             reap_orphans("bwrap")
             sandbox.workdir.remove()
         except OSError:
             log.exception("could not remove the working directory %s", sandbox.workdir.path)
+        # Its processes are gone (reaped, and the cgroup emptied): the uid may serve again.
+        # A cgroup still busy keeps its uid out of use, so no two runs ever share one.
+        if emptied:
+            self._users.give_back(sandbox.user)
 
     def refill(self) -> None:
         """Prepare sandboxes until ``ready`` of them wait."""
@@ -182,11 +207,15 @@ class SandboxPool:
         }
 
 
-async def _remove_cgroup(cgroup: RunCgroup) -> None:
-    """Remove a run's cgroup; processes can take a few ms to leave it after they died (EBUSY)."""
+async def _remove_cgroup(cgroup: RunCgroup) -> bool:
+    """Remove a run's cgroup; processes can take a few ms to leave it after they died (EBUSY).
+
+    Returns whether it is gone.
+    """
     for _ in range(400):
         cgroup.kill()
         if cgroup.remove():
-            return
+            return True
         await asyncio.sleep(0.005)
     log.error("cgroup %s still busy after 2 s; left in place", cgroup.dirs)
+    return False

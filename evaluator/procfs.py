@@ -1,7 +1,7 @@
 """Processes: is one alive, which children are ours, which orphans to reap.
 
 This process is a child subreaper, so two kinds of zombie children show up here: the runs' own
-processes (forked by :func:`fork_owned`, each reaped by its owner through its pidfd, which alone
+processes (started by :func:`spawn_owned`, each reaped by its owner through its pidfd, which alone
 gets its exit status) and orphans inherited from a sandbox (bwrap's init, when the outer bwrap
 exits first), which :func:`reap_orphans` collects. The registry of owned children is process-wide:
 every evaluator of the process shares the kernel's list of children.
@@ -9,16 +9,18 @@ every evaluator of the process shares the kernel's list of children.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["alive", "fork_owned", "reap_orphans", "reap_owned"]
+__all__ = ["alive", "reap_orphans", "reap_owned", "spawn_owned"]
 
-# Forks, reaps and orphan scans happen under this lock, so that a pid seen outside ``_owned`` by
+# Spawns, reaps and orphan scans happen under this lock, so that a pid seen outside ``_owned`` by
 # reap_orphans cannot be (or become, by pid reuse) a child that an owner is about to reap.
 _lock = threading.Lock()
-# Children forked by fork_owned and not yet reaped by their owner.
+# Children started by spawn_owned and not yet reaped by their owner.
 _owned: set[int] = set()
 
 
@@ -33,15 +35,29 @@ def alive(pid: int) -> bool:
     return True
 
 
-def fork_owned() -> int:
-    """``os.fork()``; in the parent, the child is owned (reap_orphans never touches it) at once.
+def spawn_owned(
+    path: str, argv: Sequence[str], *, fds: Sequence[int], env: Mapping[str, str]
+) -> int:
+    """Start ``path`` with ``posix_spawn``; the child is owned (reap_orphans never touches it).
 
-    The child must only run os-level calls until it execs or exits.
+    ``fds[i]`` becomes the child's file descriptor ``i``; no other descriptor is inherited
+    (the service opens all of them close-on-exec). The child gets a session of its own, so
+    that its process group can be killed as a whole, and an empty signal mask. posix_spawn,
+    unlike a fork, is safe in a process with threads: the child runs no code of ours until it
+    has exec'd.
     """
-    with _lock:
-        pid = os.fork()
-        if pid != 0:
+    # Move every source above the targets first, so that no dup2 overwrites another source.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, len(fds) + 3) for fd in fds]
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(high)]
+        with _lock:
+            pid = os.posix_spawn(
+                path, list(argv), env, file_actions=actions, setsid=True, setsigmask=()
+            )
             _owned.add(pid)
+    finally:
+        for fd in high:
+            os.close(fd)
     return pid
 
 

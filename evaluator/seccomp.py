@@ -4,6 +4,13 @@ Everything is allowed except what lets code attack the kernel or escape the name
 other processes, mounting, new namespaces, kernel keyrings, BPF, perf, userfaultfd, io_uring,
 module loading and the like answer EPERM. ``clone3`` answers ENOSYS, so that libc falls back to
 ``clone``, whose namespace flags the filter can inspect (EPERM there would break threads).
+Sockets: only the families a run needs, ``AF_UNIX``, ``AF_INET`` and ``AF_INET6`` (the latter
+two in an empty network namespace) and ``AF_NETLINK`` with ``NETLINK_ROUTE``; every other
+family or netlink protocol (``NETLINK_AUDIT``, ``NETLINK_KOBJECT_UEVENT``, ``AF_PACKET``,
+``AF_VSOCK``, which a network namespace does not isolate, ``AF_ALG``, ``AF_BLUETOOTH``, ...)
+answers EAFNOSUPPORT, as it would on a kernel without it. When runs share the service's uid
+(an unprivileged service), ``inotify_init`` answers EMFILE too: its instances are a per-user
+quota that one run could otherwise take from the user's desktop and from the other runs.
 The program is compiled once with libseccomp (through ``pyseccomp``) and handed to bwrap in a
 fresh memfd per run: bwrap reads it from the fd's current offset.
 """
@@ -48,14 +55,23 @@ _NAMESPACE_FLAGS = (
 # Terminal ioctls that inject input into, or take over, the controlling terminal.
 _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
 
+#: The socket families a run may create: AF_UNIX, AF_INET, AF_INET6, and AF_NETLINK for
+#: NETLINK_ROUTE only (glibc's getaddrinfo and Python's socket.if_nameindex read the network
+#: namespace's own, empty, state through it).
+ALLOWED_FAMILIES = (1, 2, 10, 16)
+_AF_NETLINK, _NETLINK_ROUTE = 16, 0
+
 
 def unavailable_reason() -> str | None:
     """Why no filter can be built here, or ``None`` when it can."""
     return _IMPORT_ERROR
 
 
-def compile_filter() -> bytes:
+def compile_filter(*, shared_user: bool = False) -> bytes:
     """The BPF program, ready for ``bwrap --seccomp``.
+
+    Args:
+        shared_user: Runs share the service's host uid (see :mod:`.users`): refuse inotify.
 
     Raises:
         RuntimeError: libseccomp is not available (see :func:`unavailable_reason`).
@@ -76,6 +92,25 @@ def compile_filter() -> bytes:
     program.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
     for request in (_TIOCSTI, _TIOCLINUX):
         program.add_rule(deny, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, request))
+    no_family = pyseccomp.ERRNO(errno.EAFNOSUPPORT)
+    for call in ("socket", "socketpair"):
+        # Compared on all 64 bits: a value with high bits set (which the kernel would truncate
+        # to an int) is at least the first refused range, so it is refused too.
+        for low, high in _refused_ranges(ALLOWED_FAMILIES):
+            if high is None:
+                program.add_rule(no_family, call, pyseccomp.Arg(0, pyseccomp.GE, low))
+            else:
+                for family in range(low, high + 1):
+                    program.add_rule(no_family, call, pyseccomp.Arg(0, pyseccomp.EQ, family))
+    program.add_rule(
+        no_family,
+        "socket",
+        pyseccomp.Arg(0, pyseccomp.EQ, _AF_NETLINK),
+        pyseccomp.Arg(2, pyseccomp.NE, _NETLINK_ROUTE),
+    )
+    if shared_user:
+        for call in ("inotify_init", "inotify_init1"):
+            program.add_rule(pyseccomp.ERRNO(errno.EMFILE), call)
     fd = os.memfd_create("seccomp-export", os.MFD_CLOEXEC)
     try:
         with os.fdopen(os.dup(fd), "rb") as export:
@@ -87,6 +122,18 @@ def compile_filter() -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _refused_ranges(allowed: tuple[int, ...]) -> list[tuple[int, int | None]]:
+    """The closed ranges of family numbers not in ``allowed``; the last one is open-ended."""
+    ranges: list[tuple[int, int | None]] = []
+    low = 0
+    for family in sorted(allowed):
+        if family > low:
+            ranges.append((low, family - 1))
+        low = family + 1
+    ranges.append((low, None))
+    return ranges
 
 
 def program_fd(program: bytes) -> int:

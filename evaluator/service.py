@@ -21,10 +21,18 @@ from . import limits, seccomp
 from .cgroups import Cgroups
 from .config import EvaluatorConfig, MiB
 from .errors import InvalidExecutable, QueueFull, SandboxUnavailable
-from .host import MPLCONFIGDIR, WHAT_TO_DO, check_prerequisites, environment, sandbox_view
+from .host import (
+    MPLCONFIGDIR,
+    WHAT_TO_DO,
+    check_prerequisites,
+    environment,
+    interpreter_paths,
+    sandbox_view,
+)
 from .jail import INVALID_UTF8, SandboxView, decode_output
 from .models import EvalRequest, EvalResult, Limit
 from .pool import Sandbox, SandboxPool
+from .users import RunUsers, covers
 from .workdir import CollectError, Workdir, WorkdirRoot, WriteError
 
 __all__ = ["Evaluator"]
@@ -61,11 +69,13 @@ class Evaluator:
         self._fontlist_task: asyncio.Task[None] | None = None
         self._root: WorkdirRoot | None = None
         self._cgroups = Cgroups({}, None)
+        self._users = RunUsers(None, 0)
         self._seccomp: bytes | None = None
         self._seccomp_reason = "disabled by configuration"
         self._view: SandboxView | None = None
         self._nproc: int | None = None
         self._fontlist: tuple[str, str] | None = None
+        self._empty_file: str | None = None
 
     async def __aenter__(self) -> Evaluator:
         await self.start()
@@ -99,23 +109,32 @@ class Evaluator:
         else:
             check_prerequisites(config.bwrap)
             self._view = sandbox_view(config)
+        self._users = RunUsers.for_service(config.sandbox_uid, config.sandbox_uids)
         self._cgroups = Cgroups.detect(
-            config.cgroup_name, config.memory_limit * MiB, config.pids_limit
+            config.cgroup_name, config.memory_limit * MiB, config.pids_limit, config.cpu_limit
         )
         swept = self._cgroups.sweep()
         if swept:
             log.info("removed %d cgroups left by a previous evaluator", swept)
         self._root = WorkdirRoot.create(config.workdir_root)
+        blocked = self._covers(self._root) if self._users.dropping else ()
+        empty = self._root.path / "empty"
+        empty.touch(0o444)
+        self._empty_file = str(empty)
         if config.seccomp and not config.unsandboxed:
             reason = seccomp.unavailable_reason()
             if reason is None:
-                self._seccomp = seccomp.compile_filter()
+                self._seccomp = seccomp.compile_filter(shared_user=not self._users.dropping)
             else:
                 self._seccomp_reason = reason
-        rlimits, self._nproc = limits.rlimits(config, self._cgroups, mounted=self._root.can_mount)
+        rlimits, self._nproc = limits.rlimits(
+            config, self._cgroups, mounted=self._root.can_mount, own_uid=self._users.dropping
+        )
         pool = self._pool = SandboxPool(
             self._root,
             self._cgroups,
+            self._users,
+            covers=blocked,
             workdir_size=config.workdir_size * MiB,
             workdir_inodes=config.workdir_inodes,
             rlimits=rlimits,
@@ -187,6 +206,7 @@ class Evaluator:
             self._cgroups,
             mounted=self._root is not None and self._root.can_mount,
             nproc=self._nproc,
+            users=self._users,
             seccomp_reason=None if self._seccomp is not None else self._seccomp_reason,
         )
 
@@ -214,8 +234,8 @@ class Evaluator:
             written = sandbox.workdir.write_files(request.files)
         except WriteError as exc:
             return EvalResult(str(exc), None)
-        sandbox.process.release(self._argv(command, sandbox.workdir))
-        outcome = await sandbox.process.wait(config.time_limit, config.output_limit)
+        sandbox.process.release(self._argv(command, sandbox.workdir), config.time_limit)
+        outcome = await sandbox.process.wait(config.output_limit)
         stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
         if stdout is None:
             return EvalResult(INVALID_UTF8, None)
@@ -238,6 +258,7 @@ class Evaluator:
             workdir=workdir.path,
             seccomp=self._seccomp is not None,
             readonly_files=[self._fontlist] if self._fontlist else [],
+            empty_file=self._empty_file,
         )
 
     def _executable(self, path: str | None) -> str:
@@ -255,6 +276,13 @@ class Evaluator:
 
     # -- start-up --------------------------------------------------------------------------
 
+    def _covers(self, root: WorkdirRoot) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """What the runs' own uid could not reach on the host, to be covered (see users.py)."""
+        if self._view is None:
+            return covers([*interpreter_paths(self.config.executable), str(root.path)])
+        bwrap_dir = os.path.dirname(self._view.bwrap)
+        return covers([*self._view.readonly_paths, bwrap_dir, str(root.path)])
+
     async def _probe(self) -> None:
         """A first run, to prove the whole sandbox works on this machine."""
         result = await self.run(EvalRequest(args=("-c", _PROBE)))
@@ -268,9 +296,9 @@ class Evaluator:
         sandbox = pool.prepare()
         try:
             sandbox.process.release(
-                self._argv([self.config.executable, "-c", _FONTLIST], sandbox.workdir)
+                self._argv([self.config.executable, "-c", _FONTLIST], sandbox.workdir), 60
             )
-            outcome = await sandbox.process.wait(60, self.config.output_limit)
+            outcome = await sandbox.process.wait(self.config.output_limit)
             cache = sandbox.workdir.path / MPLCONFIGDIR.removeprefix("/home/")
             built = sorted(cache.glob("fontlist-v*.json")) if outcome.returncode == 0 else []
             if not built or self._root is None:

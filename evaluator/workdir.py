@@ -63,6 +63,8 @@ class WorkdirRoot:
         parent = Path(base or tempfile.gettempdir())
         sweep(parent)
         path = Path(tempfile.mkdtemp(prefix=f"evaluator-{os.getpid()}-", dir=parent))
+        # Searchable, not listable: runs with a uid of their own must reach their directory.
+        path.chmod(0o711)
         probe = path / "probe"
         probe.mkdir()
         try:
@@ -87,20 +89,31 @@ class Workdir:
         self.path = path
         self.mounted = mounted
         self.size = size
+        self.owner: tuple[int, int] | None = None
 
     @classmethod
-    def create(cls, root: WorkdirRoot, size: int, inodes: int) -> Workdir:
-        """A fresh directory: a tmpfs of ``size`` bytes and ``inodes`` inodes where possible."""
+    def create(
+        cls, root: WorkdirRoot, size: int, inodes: int, owner: tuple[int, int] | None = None
+    ) -> Workdir:
+        """A fresh directory: a tmpfs of ``size`` bytes and ``inodes`` inodes where possible.
+
+        ``owner``: the host ``(uid, gid)`` of the run, which then owns the directory.
+        """
         path = Path(tempfile.mkdtemp(prefix="run-", dir=root.path))
         if root.can_mount:
             try:
-                _mount_tmpfs(path, size, inodes)
+                _mount_tmpfs(path, size, inodes, owner)
             except OSError:
                 path.rmdir()
                 raise
+        elif owner is not None:
+            os.chown(path, *owner)
         workdir = cls(path, root.can_mount, size)
+        workdir.owner = owner
         # TMPDIR inside; hidden, so never returned.
         (path / ".tmp").mkdir(mode=0o700)
+        if owner is not None:
+            os.chown(path / ".tmp", *owner)
         return workdir
 
     def write_files(self, files: Iterable[FileAttachment]) -> dict[str, int]:
@@ -118,6 +131,8 @@ class Workdir:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(file.content)
                 target.chmod(0o777)
+                if self.owner is not None:
+                    _chown_below(self.path, target, self.owner)
                 written[str(target.relative_to(self.path))] = target.stat().st_mtime_ns
             except OSError as exc:
                 raise WriteError(
@@ -256,8 +271,18 @@ def _read_beneath(root_fd: int, rel: str, expected: os.stat_result) -> bytes | N
             os.close(fd)
 
 
-def _mount_tmpfs(path: Path, size: int, inodes: int) -> None:
+def _chown_below(root: Path, target: Path, owner: tuple[int, int]) -> None:
+    """Give ``target`` and the directories between it and ``root`` to the run's user."""
+    for path in [target, *target.parents]:
+        if path == root:
+            return
+        os.chown(path, *owner, follow_symlinks=False)
+
+
+def _mount_tmpfs(path: Path, size: int, inodes: int, owner: tuple[int, int] | None = None) -> None:
     options = f"size={size},nr_inodes={inodes},mode=0700".encode()
+    if owner is not None:
+        options += f",uid={owner[0]},gid={owner[1]}".encode()
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, options) != 0:
         err = ctypes.get_errno()

@@ -50,7 +50,7 @@ def _detect_as_nobody(name: str) -> dict[str, object]:
             os.setresuid(_NOBODY, _NOBODY, _NOBODY)
             report: dict[str, object] = {}
             try:
-                cgroups = Cgroups.detect(name, 256 * 1024 * 1024, 64)
+                cgroups = Cgroups.detect(name, 256 * 1024 * 1024, 64, 1.0)
                 report.update(version=cgroups.version, memory=cgroups.memory, pids=cgroups.pids)
                 report["created"] = cgroups.create() is not None
             except Exception as exc:
@@ -81,6 +81,6 @@ def test_a_parent_cgroup_made_by_root_is_not_used_by_another_user(
 
 def test_a_usable_hierarchy_leaves_no_trial_cgroup(roots_parent: tuple[str, list[Path]]) -> None:
     name, made = roots_parent
-    cgroups = Cgroups.detect(name, 256 * 1024 * 1024, 64)
+    cgroups = Cgroups.detect(name, 256 * 1024 * 1024, 64, 1.0)
     assert cgroups.memory is not None or cgroups.pids is not None
     assert not [p for directory in made for p in directory.iterdir() if p.is_dir()]

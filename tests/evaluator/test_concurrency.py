@@ -9,7 +9,7 @@ import anyio
 import httpx
 
 from evaluator import EvalRequest, Evaluator, create_app
-from evaluator.jail import JailedProcess
+from evaluator.jail import JailedProcess, LaunchSpec
 from evaluator.procfs import owned, reap_orphans
 
 from .conftest import config
@@ -56,9 +56,9 @@ async def test_orphan_reaping_leaves_an_exited_run_to_its_owner(tmp_path: Path) 
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\nexit 3\n")
     fake.chmod(0o755)
-    process = JailedProcess.spawn(cgroup=None)
+    process = JailedProcess.spawn(LaunchSpec(), cgroup=None)
     try:
-        process.release([str(fake)])
+        process.release([str(fake)], 5)
         loop = asyncio.get_running_loop()
         exited = asyncio.Event()
         loop.add_reader(process._pidfd, exited.set)  # readable once the process has exited
@@ -69,7 +69,7 @@ async def test_orphan_reaping_leaves_an_exited_run_to_its_owner(tmp_path: Path) 
             loop.remove_reader(process._pidfd)
         assert process.pid in owned()
         assert reap_orphans("bwrap") == 0
-        outcome = await process.wait(5, 1000)
+        outcome = await process.wait(1000)
         assert (outcome.returncode, outcome.ended_by) == (3, "exit")
         assert process.pid not in owned()
     finally:

@@ -89,6 +89,7 @@ async def test_missing_bwrap_is_explained() -> None:
 
 
 async def test_broken_sandbox_is_explained(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)  # as root, bwrap runs as the sandbox's user, who must reach it
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
     fake.chmod(0o755)
@@ -102,8 +103,8 @@ async def test_limits_in_force_on_this_machine() -> None:
     async with Evaluator(config()) as evaluator:
         limits = {limit.name: limit for limit in evaluator.limits_in_force()}
     assert set(limits) == {
-        "time", "memory", "processes", "output", "working directory", "output files", "network",
-        "file system", "syscalls",
+        "time", "memory", "processes", "cpu", "output", "working directory", "output files",
+        "network", "file system", "user", "syscalls",
     }  # fmt: skip
     if os.geteuid() == 0:  # as here: cgroup v1, tmpfs, seccomp
         assert all(limit.enforced for limit in limits.values()), limits
