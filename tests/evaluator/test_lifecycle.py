@@ -89,7 +89,7 @@ async def test_missing_bwrap_is_explained() -> None:
 
 
 async def test_broken_sandbox_is_explained(tmp_path: Path) -> None:
-    tmp_path.chmod(0o755)  # as root, bwrap runs as the sandbox's user, who must reach it
+    os.chmod(tmp_path, 0o755)  # as root, bwrap runs as the sandbox's user: it must reach it
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
     fake.chmod(0o755)
