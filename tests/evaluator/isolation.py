@@ -1,0 +1,129 @@
+"""What a run may know and do of its host: checks shared by the root and unprivileged suites.
+
+Each check is the code a run executes and a function asserting on its stdout, so that the same
+promise is tested whichever user starts the evaluator (in-process as root in
+``test_isolation.py``, as uid 65534 over HTTP in ``test_unprivileged.py``).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from typing import Any
+
+#: Files of /proc that only host root may read.
+ROOT_ONLY = ("/proc/timer_list", "/proc/slabinfo", "/proc/pagetypeinfo", "/proc/vmallocinfo")
+
+IDENTITY = r"""
+import json, os
+out = {"uid_map": open("/proc/self/uid_map").read().split(),
+       "gid_map": open("/proc/self/gid_map").read().split()}
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+out["caps"] = {k: int(status[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapAmb")}
+writable = []
+for directory, _, files in os.walk("/proc/sys"):
+    for name in files:
+        path = os.path.join(directory, name)
+        try:
+            os.close(os.open(path, os.O_WRONLY))  # the permission check; nothing is written
+            writable.append(path)
+        except OSError:
+            pass
+for path in ("/proc/sysrq-trigger", "/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches"):
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+        writable.append(path)
+    except OSError:
+        pass
+out["writable"] = writable
+out["readable"] = []
+for path in ROOT_ONLY:
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        out["readable"].append(path)
+    except OSError:
+        pass
+out["cmdline"] = open("/proc/cmdline").read()
+print(json.dumps(out))
+""".replace("ROOT_ONLY", repr(ROOT_ONLY))
+
+
+def check_identity(stdout: str) -> None:
+    """No map to host uid 0, no capability, no writable sysctl, no root-only file, no cmdline."""
+    out: dict[str, Any] = json.loads(stdout)
+    for name in ("uid_map", "gid_map"):
+        inside, outside, count = out[name]
+        assert (inside, count) == ("65534", "1"), out[name]
+        assert outside != "0", f"{name} maps the sandbox user to uid 0: {out[name]}"
+    assert out["caps"] == {"CapInh": 0, "CapPrm": 0, "CapEff": 0, "CapAmb": 0}, out["caps"]
+    assert out["writable"] == [], out["writable"]
+    assert out["readable"] == [], out["readable"]
+    assert out["cmdline"] == "", "the host's kernel command line is hidden"
+
+
+#: Families a run may not create a socket of, with the protocol tried (raw netlink: audit and
+#: kobject uevents; everything with a network-namespace-blind path to the host).
+REFUSED_SOCKETS = {
+    "AF_VSOCK": (40, 1, 0),
+    "AF_PACKET": (17, 3, 0),
+    "AF_NETLINK audit": (16, 3, 9),
+    "AF_NETLINK uevent": (16, 2, 15),
+    "AF_ALG": (38, 5, 0),
+    "AF_BLUETOOTH": (31, 3, 1),
+    "AF_KEY": (15, 3, 2),
+    "AF_CAN": (29, 3, 1),
+    "AF_TIPC": (30, 2, 0),
+    "AF_XDP": (44, 3, 0),
+    "AF_APPLETALK": (5, 2, 0),
+    "AF_VSOCK with high bits set": ((1 << 32) | 40, 1, 0),
+}
+ALLOWED_SOCKETS = {
+    "AF_UNIX": (1, 1, 0),
+    "AF_INET": (2, 1, 0),
+    "AF_INET6": (10, 1, 0),
+    "AF_NETLINK route": (16, 3, 0),
+}
+
+SOCKETS = r"""
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+result = {}
+for name, (family, kind, proto) in CASES.items():
+    # The raw syscall, so that no library check stands in the way and all 64 bits get through.
+    fd = libc.syscall(41, ctypes.c_long(family), ctypes.c_long(kind), ctypes.c_long(proto))
+    result[name] = "created" if fd >= 0 else ctypes.get_errno()
+print(json.dumps(result))
+""".replace("CASES", repr({**REFUSED_SOCKETS, **ALLOWED_SOCKETS}))
+
+
+def check_sockets(stdout: str) -> None:
+    """Every refused family answers EAFNOSUPPORT (or EPERM); the needed ones work."""
+    result = json.loads(stdout)
+    refused = {name: result[name] for name in REFUSED_SOCKETS}
+    assert all(value in (errno.EAFNOSUPPORT, errno.EPERM) for value in refused.values()), refused
+    assert all(result[name] == "created" for name in ALLOWED_SOCKETS), result
+
+
+def inotify_hog(hold: float) -> str:
+    """Code that takes every inotify instance it can, says how many, and holds them."""
+    return (
+        "import ctypes, time\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "fds = []\n"
+        "while len(fds) < 10000 and (fd := libc.inotify_init1(0)) >= 0:\n"
+        "    fds.append(fd)\n"
+        "print(len(fds), ctypes.get_errno(), flush=True)\n"
+        f"time.sleep({hold})\n"
+    )
+
+
+def inotify_probe(delay: float) -> str:
+    """Code that waits, then creates one inotify instance: ``ok`` or the errno."""
+    return (
+        "import ctypes, time\n"
+        f"time.sleep({delay})\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('ok' if libc.inotify_init1(0) >= 0 else ctypes.get_errno())\n"
+    )

@@ -1,0 +1,176 @@
+"""A run holds nothing of the host: no root, no capability, no shared quota, no foreign socket.
+
+The evaluator here runs in-process, as the suite's user (root in CI: the case where the sandbox
+once mapped to host uid 0); ``test_unprivileged.py`` runs the shared checks as uid 65534.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from evaluator import EvalRequest, Evaluator
+
+from . import isolation
+from .conftest import config, run
+
+pytestmark = pytest.mark.anyio
+
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="a fact of the host seen by root")
+
+
+@pytest.fixture(scope="module")
+async def roomy() -> AsyncIterator[Evaluator]:
+    """Time enough for runs that wait for each other; one slot per concurrent run."""
+    async with Evaluator(config(time_limit=30, concurrency=3)) as started:
+        yield started
+
+
+async def test_no_host_root_capability_sysctl_or_root_only_file(
+    client: httpx.AsyncClient,
+) -> None:
+    result = await run(client, isolation.IDENTITY)
+    assert result["returncode"] == 0, result["stdout"]
+    isolation.check_identity(result["stdout"])
+
+
+async def test_only_the_needed_socket_families(client: httpx.AsyncClient) -> None:
+    result = await run(client, isolation.SOCKETS)
+    assert result["returncode"] == 0, result["stdout"]
+    isolation.check_sockets(result["stdout"])
+
+
+@AS_ROOT
+async def test_the_host_sees_an_unprivileged_uid_without_capabilities(roomy: Evaluator) -> None:
+    marker = "marker-" + secrets.token_hex(8)
+    code = "import time\ntime.sleep(20)"
+    task = asyncio.ensure_future(roomy.run(EvalRequest(("-c", code, marker))))
+    try:
+        with anyio.fail_after(20):
+            # Polling another process's state: no event to wait for.
+            while len(pids := _processes_with(marker)) < 3:  # noqa: ASYNC110 - bwrap, init, python
+                await asyncio.sleep(0.05)
+        for pid in pids:
+            status = _status(pid)
+            uids = {int(u) for u in status["Uid"].split()}
+            gids = {int(g) for g in status["Gid"].split()}
+            assert len(uids) == 1 and min(uids) >= roomy.config.sandbox_uid, status["Uid"]
+            assert gids == uids, status["Gid"]
+            assert status["Groups"].strip() == ""
+            if pid == pids[-1]:  # the code's own process
+                assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0
+            assert "1" in status["NoNewPrivs"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@AS_ROOT
+async def test_one_run_cannot_take_the_inotify_quota_of_the_host_or_another_run(
+    roomy: Evaluator,
+) -> None:
+    """A run takes every inotify instance it can and holds them: the host and a second run
+    still get theirs (as root each run has a uid, hence a quota, of its own)."""
+    marker = "marker-" + secrets.token_hex(8)
+    hog = asyncio.ensure_future(
+        roomy.run(EvalRequest(("-c", isolation.inotify_hog(hold=8), marker)))
+    )
+    try:
+        with anyio.fail_after(20):
+            await _until_it_holds_its_inotify_instances(marker)
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(0)
+        assert fd >= 0, f"the host lost its inotify instances: errno {ctypes.get_errno()}"
+        os.close(fd)
+        probe = await roomy.run(EvalRequest(("-c", isolation.inotify_probe(delay=0))))
+        assert probe.stdout == "ok\n", "the second run lost its inotify instances"
+    finally:
+        result = await hog
+    taken, error = map(int, result.stdout.split())
+    assert taken > 0 and error == 24  # EMFILE: it reached its own quota
+
+
+async def test_the_time_limit_holds_while_the_event_loop_is_stalled() -> None:
+    """A watchdog thread, not the loop, ends a run at its limit."""
+    code = (
+        "import time\nstart = time.monotonic()\n"
+        "while True:\n    print(round(time.monotonic() - start, 2), flush=True)\n"
+        "    time.sleep(0.05)\n"
+    )
+    async with Evaluator(config(time_limit=1)) as evaluator:
+        task = asyncio.ensure_future(evaluator.run(EvalRequest(("-c", code))))
+        await asyncio.sleep(0.3)  # running
+        time.sleep(4)  # noqa: ASYNC251 - the stall under test: nothing else runs on the loop
+        result = await task
+    assert result.returncode == 137
+    last = float(result.stdout.split()[-1])
+    assert last < 1 + 1, f"the run printed until {last} s, with a 1 s limit"
+
+
+@AS_ROOT
+async def test_a_run_cannot_use_more_than_its_cpu_quota(roomy: Evaluator) -> None:
+    """Eight setsid'd spinners (each its own autogroup) get one CPU between them at most."""
+    code = (
+        "import os, time\n"
+        "start = time.monotonic()\n"
+        "for _ in range(8):\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        while time.monotonic() - start < 3: pass\n"
+        "        os._exit(0)\n"
+        "for _ in range(8): os.wait()\n"
+        "times = os.times()\n"
+        "print((times.children_user + times.children_system) / (time.monotonic() - start))\n"
+    )
+    result = await roomy.run(EvalRequest(("-c", code)))
+    assert result.returncode == 0, result.stdout
+    cpus = float(result.stdout)
+    # The kernel enforces the quota per period; load elsewhere can only lower the share.
+    assert cpus < roomy.config.cpu_limit * 1.25, f"{cpus:.2f} CPUs used"
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids whose command line holds ``marker``, in ascending order."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+async def _until_it_holds_its_inotify_instances(marker: str) -> None:
+    """Wait until a process of the run holds inotify instances, and no more come."""
+    held = -1
+    while True:
+        counts = [_inotify_fds(pid) for pid in _processes_with(marker)]
+        now = max(counts, default=0)
+        if now > 0 and now == held:
+            return
+        held = now
+        await asyncio.sleep(0.2)
+
+
+def _inotify_fds(pid: int) -> int:
+    try:
+        links = [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()]
+    except OSError:
+        return 0
+    return sum(link == "anon_inode:inotify" for link in links)
