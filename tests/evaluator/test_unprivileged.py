@@ -21,6 +21,8 @@ import pytest
 
 from tests.support import closed_port, wait_until_answers
 
+from . import isolation
+
 PROJECT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3.11"
@@ -112,6 +114,28 @@ def test_limits_fall_back_to_rlimits_and_say_so(service: tuple[str, object]) -> 
     assert spin["returncode"] == 137
 
 
+def test_shared_isolation_checks_hold_for_an_ordinary_user(
+    service: tuple[str, object],
+) -> None:
+    url, _ = service
+    identity = run(url, isolation.IDENTITY)
+    assert identity["returncode"] == 0, identity["stdout"]
+    isolation.check_identity(str(identity["stdout"]))
+    sockets = run(url, isolation.SOCKETS)
+    assert sockets["returncode"] == 0, sockets["stdout"]
+    isolation.check_sockets(str(sockets["stdout"]))
+
+
+def test_a_run_sharing_the_users_uid_gets_no_inotify_instance(
+    service: tuple[str, object],
+) -> None:
+    """Runs share this user's per-user quotas, so the one a run could exhaust is refused."""
+    url, _ = service
+    result = run(url, isolation.inotify_hog(hold=0))
+    assert str(result["stdout"]).split() == ["0", "24"]  # none taken: EMFILE at once
+
+
+# Last: it stops the module's service.
 def test_startup_log_tells_which_limits_hold(
     service: tuple[str, subprocess.Popen[str]],
 ) -> None:
