@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 _RUN_NAME = re.compile(r"(\d+)-\d+")
 _CPU_PERIOD = 100_000  # microseconds
+# Where a v2 service moves itself, so that its own cgroup may hand controllers to the runs.
+_SERVICE_LEAF = "service"
 # Shared by every Cgroups of this process, so that two evaluators never pick the same name.
 _run_numbers = itertools.count(1)
 
@@ -126,9 +128,12 @@ class Cgroups:
             ),
         ):
             root = mounts.get(controller)
-            if root is None:
+            own = _own_v1_cgroup(controller)
+            if root is None or own is None:
                 continue
-            parent = root / name
+            # Below this process's own cgroup, so that a limit set on the service (its
+            # container, its systemd unit) covers its sandboxes too.
+            parent = root / own.lstrip("/") / name
             try:
                 parent.mkdir(exist_ok=True)
             except OSError as exc:
@@ -248,6 +253,8 @@ def _setup_v2(
     if root is None or own is None:
         return None
     base = root / own.lstrip("/")
+    if base.name == _SERVICE_LEAF:
+        base = base.parent  # moved there by an earlier evaluator of this process
     try:
         controllers = (base / "cgroup.controllers").read_text().split()
         if not {"memory", "pids"} <= set(controllers):
@@ -256,7 +263,10 @@ def _setup_v2(
         enable = " ".join(f"+{c}" for c in sorted(wanted))
         enabled = (base / "cgroup.subtree_control").read_text().split()
         if not wanted <= set(enabled):
-            # Fails (EBUSY) when our cgroup holds processes and is not a namespace root.
+            # No internal processes: a cgroup that hands controllers to its children may hold
+            # no process itself, so everything in it (this service, and whatever shares its
+            # container or unit) moves into a leaf first, as Snekbox does.
+            _move_all(base, base / _SERVICE_LEAF)
             (base / "cgroup.subtree_control").write_text(enable)
         parent = base / name
         parent.mkdir(exist_ok=True)
@@ -272,6 +282,16 @@ def _setup_v2(
     if "cpu" in wanted:
         limits += (("cpu.weight", "100"), ("cpu.max", f"{cpu_quota} {_CPU_PERIOD}"))
     return _Hierarchy(parent, limits, kill_file=(parent / "cgroup.kill").exists())
+
+
+def _move_all(source: Path, leaf: Path) -> None:
+    """Move every process of ``source`` into its child ``leaf``."""
+    leaf.mkdir(exist_ok=True)
+    for pid in (source / "cgroup.procs").read_text().split():
+        try:
+            (leaf / "cgroup.procs").write_text(pid)
+        except ProcessLookupError:
+            continue  # it exited meanwhile
 
 
 def _cgroup_mounts() -> dict[str, Path]:
@@ -293,6 +313,18 @@ def _cgroup_mounts() -> dict[str, Path]:
                 if controller in options:
                     found.setdefault(controller, mount_point)
     return found
+
+
+def _own_v1_cgroup(controller: str) -> str | None:
+    """This process's cgroup in the v1 hierarchy of ``controller``."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controller in controllers.split(","):
+                return path
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _own_v2_cgroup() -> str | None:

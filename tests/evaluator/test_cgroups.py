@@ -9,26 +9,29 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.cgroups import Cgroups, _cgroup_mounts
+from evaluator.cgroups import Cgroups, _cgroup_mounts, _own_v1_cgroup
 
 _NOBODY = 65534
 
 
 @pytest.fixture
 def roots_parent() -> Iterator[tuple[str, list[Path]]]:
-    """A cgroup parent directory made by root in every writable v1 memory/pids hierarchy."""
+    """A cgroup parent directory made by root in every writable v1 memory/pids hierarchy,
+    below this process's own cgroup, where the evaluator makes its runs' cgroups."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to make a cgroup directory another user cannot write")
     name = f"evaluator-test-{os.getpid()}"
     mounts = _cgroup_mounts()
     made = []
     for controller in ("memory", "pids"):
-        if controller in mounts:
+        own = _own_v1_cgroup(controller)
+        if controller in mounts and own is not None:
+            parent = mounts[controller] / own.lstrip("/") / name
             try:
-                (mounts[controller] / name).mkdir()
+                parent.mkdir()
             except OSError:
                 continue
-            made.append(mounts[controller] / name)
+            made.append(parent)
     if not made:
         pytest.skip("no writable cgroup v1 memory or pids hierarchy here")
     try:
@@ -84,3 +87,25 @@ def test_a_usable_hierarchy_leaves_no_trial_cgroup(roots_parent: tuple[str, list
     cgroups = Cgroups.detect(name, 256 * 1024 * 1024, 64, 1.0)
     assert cgroups.memory is not None or cgroups.pids is not None
     assert not [p for directory in made for p in directory.iterdir() if p.is_dir()]
+
+
+def test_run_cgroups_nest_below_the_services_own_cgroup() -> None:
+    """So that a limit on the service's container or unit covers its sandboxes."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the cgroup v1 hierarchies here are root's")
+    cgroups = Cgroups.detect(f"evaluator-test-{os.getpid()}", 256 * 1024 * 1024, 64, 1.0)
+    run = cgroups.create()
+    if run is None:
+        pytest.skip("no writable cgroup hierarchy here")
+    try:
+        mounts = _cgroup_mounts()
+        for directory in run.dirs:
+            controller = next(
+                c for c in ("memory", "pids", "cpu") if mounts.get(c) in directory.parents
+            )
+            own = mounts[controller] / (_own_v1_cgroup(controller) or "/").lstrip("/")
+            assert directory.parent.parent == own, (directory, own)
+    finally:
+        run.remove()
+        for directory in run.dirs:
+            directory.parent.rmdir()
