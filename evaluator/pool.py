@@ -156,7 +156,8 @@ class SandboxPool:
         try:
             # The runs' own processes are never touched: each is reaped by its JailedProcess.
             reap_orphans("bwrap")
-            sandbox.workdir.remove()
+            # Off the loop: code may have left a deep tree to repair and remove.
+            await asyncio.to_thread(sandbox.workdir.remove)
         except OSError:
             log.exception("could not remove the working directory %s", sandbox.workdir.path)
         # Its processes are gone (reaped, and the cgroup emptied): the uid may serve again.

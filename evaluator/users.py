@@ -2,7 +2,10 @@
 
 A service started by root never lets a run keep root: each sandbox gets a host uid (and the
 same gid) from a range reserved for it, ``first .. first + count - 1``, with no supplementary
-groups. Two sandboxes alive at once never share a uid, so the kernel's per-user quotas
+groups. Two sandboxes alive at once never share a uid, even of two services on one host (a uid
+is claimed with an exclusive ``flock`` on a file of its own under :data:`CLAIMS`, held while
+the sandbox lives and released by the kernel if the service dies), so the kernel's per-user
+quotas
 (inotify instances and watches, RLIMIT_NPROC, queued signals, POSIX message queues, pipe
 buffers) are per run: one run exhausting one cannot starve the host or another run. The uids
 own no file on the host and need no passwd entry; the range is checked at start to be unused.
@@ -19,16 +22,22 @@ run's own mount namespace, by a tmpfs holding only the paths the sandbox binds (
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import grp
 import os
 import pwd
 import stat
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import SandboxUnavailable
 
-__all__ = ["RunUsers", "covers"]
+__all__ = ["CLAIMS", "RunUsers", "covers"]
+
+#: Where root services claim the uids of their sandboxes (``/run`` when there is one).
+CLAIMS = "python-mcp-evaluator-uids"
 
 
 class RunUsers:
@@ -39,11 +48,11 @@ class RunUsers:
         count: How many sandboxes may be alive at once.
     """
 
-    def __init__(self, first: int | None, count: int) -> None:
+    def __init__(self, first: int | None, count: int, claims: Path | None = None) -> None:
         self.first = first
         self.count = count
-        self._free = list(range(count)) if first is not None else []
-        self._taken: set[int] = set()
+        self._claims = claims
+        self._held: dict[int, int] = {}  # uid -> the fd holding its claim
 
     @classmethod
     def for_service(cls, first: int, count: int) -> RunUsers:
@@ -65,7 +74,12 @@ class RunUsers:
                     f"{number} is the {kind} {entry[0]!r}: set EVALUATOR_SANDBOX_UID to the "
                     "start of a free range"
                 )
-        return cls(first, count)
+        base = Path("/run") if os.path.isdir("/run") else Path(tempfile.gettempdir())
+        claims = base / CLAIMS
+        claims.mkdir(mode=0o700, exist_ok=True)
+        if claims.is_symlink() or claims.stat().st_uid != 0:
+            raise SandboxUnavailable(f"{claims} must be a directory of root's")
+        return cls(first, count, claims)
 
     @property
     def dropping(self) -> bool:
@@ -78,24 +92,36 @@ class RunUsers:
         Raises:
             OSError: every uid of the range is in use (more sandboxes than ``count``).
         """
-        if self.first is None:
+        if self.first is None or self._claims is None:
             return None
-        if not self._free:
-            raise OSError(f"all {self.count} sandbox uids are in use")
         # The lowest free one, so that a quiet service keeps using the same few.
-        self._free.sort()
-        offset = self._free.pop(0)
-        self._taken.add(offset)
-        return self.first + offset, self.first + offset
+        for uid in range(self.first, self.first + self.count):
+            if uid in self._held:
+                continue
+            fd = os.open(self._claims / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)  # another service's sandbox has it
+                continue
+            self._held[uid] = fd
+            return uid, uid
+        raise OSError(f"all {self.count} sandbox uids from {self.first} are in use")
 
     def give_back(self, user: tuple[int, int] | None) -> None:
         """Return a sandbox's uid once none of its processes is left."""
-        if user is None or self.first is None:
+        if user is None:
             return
-        offset = user[0] - self.first
-        if offset in self._taken:
-            self._taken.discard(offset)
-            self._free.append(offset)
+        fd = self._held.pop(user[0], None)
+        if fd is not None:
+            os.close(fd)  # releases the claim
+
+    def close(self) -> None:
+        """Release every claim (the sandboxes are gone)."""
+        for fd in self._held.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._held.clear()
 
     def describe(self) -> str:
         if self.first is None:

@@ -174,3 +174,14 @@ def _inotify_fds(pid: int) -> int:
     except OSError:
         return 0
     return sum(link == "anon_inode:inotify" for link in links)
+
+
+@AS_ROOT
+async def test_two_services_never_give_their_sandboxes_the_same_uid() -> None:
+    """Each sandbox's uid is claimed host-wide, so two evaluators (or processes) share none."""
+    async with Evaluator(config()) as first, Evaluator(config()) as second:
+        ready = [s.user for e in (first, second) if e._pool for s in e._pool._ready]
+        result = await second.run(EvalRequest(("-c", "import os; print(os.getuid())")))
+    assert result.returncode == 0, result.stdout
+    assert len(ready) == 4 and None not in ready, ready  # two ready sandboxes each
+    assert len(set(ready)) == len(ready), f"two sandboxes share a uid: {ready}"

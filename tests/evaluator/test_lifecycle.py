@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from evaluator import EvalRequest, Evaluator, SandboxUnavailable
+from evaluator.cgroups import _cgroup_mounts, _own_v1_cgroup
 
 from .conftest import config
 
@@ -122,7 +123,12 @@ def _plant_stale_sandbox(directory: Path, dead_pid: int) -> list[Path]:
     """What an evaluator killed with SIGKILL leaves: its private directory and empty cgroups."""
     stale_dir = directory / f"evaluator-{dead_pid}-abc"
     (stale_dir / "run-x").mkdir(parents=True)
-    cgroups = [h / f"{dead_pid}-1" for h in Path("/sys/fs/cgroup").glob("*/evaluator")]
+    mounts = _cgroup_mounts()
+    cgroups = []
+    for controller in ("memory", "pids", "cpu"):
+        own = _own_v1_cgroup(controller)
+        if controller in mounts and own is not None:
+            cgroups.append(mounts[controller] / own.lstrip("/") / "evaluator" / f"{dead_pid}-1")
     for cgroup in cgroups:
-        cgroup.mkdir()
+        cgroup.mkdir(parents=True)
     return [stale_dir, *cgroups]
