@@ -33,6 +33,8 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
     "EVALUATOR_UNSANDBOXED": ("unsandboxed", lambda value: value == UNSANDBOXED_CONSENT),
     "EVALUATOR_SANDBOX_UID": ("sandbox_uid", int),
     "EVALUATOR_CPU_LIMIT": ("cpu_limit", float),
+    "EVALUATOR_MAX_REQUEST_FILES": ("max_request_files", int),
+    "EVALUATOR_MAX_REQUEST_BYTES": ("max_request_bytes", int),
 }
 
 
@@ -98,6 +100,10 @@ class EvaluatorConfig:
             and dynamic users, container ranges end at 1879048191) and below 2**31.
         cpu_limit: CPUs each run may use at most (a cgroup quota); every run also gets the
             same CPU weight, so that concurrent runs share the machine fairly.
+        max_request_files: Files a request may send in (Snekbox returns at most 100; more
+            only cost the service time to validate).
+        max_request_bytes: The largest request body. ``None``: the working directory's worth
+            of files in base64, plus 4 MiB for the code (see :attr:`request_bytes_limit`).
     """
 
     time_limit: float = 15.0
@@ -122,6 +128,8 @@ class EvaluatorConfig:
     unsandboxed: bool = False
     sandbox_uid: int = 2_000_000_000
     cpu_limit: float = 1.0
+    max_request_files: int = 1000
+    max_request_bytes: int | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -142,6 +150,13 @@ class EvaluatorConfig:
                 raise ValueError(f"EvaluatorConfig.{name} must be positive, not {value!r}")
         if self.max_files < 0 or (self.max_queue is not None and self.max_queue < 0):
             raise ValueError("EvaluatorConfig.max_files and max_queue may not be negative")
+        if self.max_request_files < 0 or (
+            self.max_request_bytes is not None and self.max_request_bytes <= 0
+        ):
+            raise ValueError(
+                "EvaluatorConfig.max_request_files may not be negative, nor max_request_bytes "
+                "less than 1"
+            )
         if not 1000 <= self.sandbox_uid <= 2**31 - 1 - self.sandbox_uids:
             raise ValueError(
                 f"EvaluatorConfig.sandbox_uid must leave {self.sandbox_uids} uids between 1000 "
@@ -172,6 +187,13 @@ class EvaluatorConfig:
     def sandbox_uids(self) -> int:
         """How many sandboxes may be alive at once: ready, running, and being disposed of."""
         return 4 * self.concurrency + 16
+
+    @property
+    def request_bytes_limit(self) -> int:
+        """The largest request body, in bytes."""
+        if self.max_request_bytes is not None:
+            return self.max_request_bytes
+        return -(-self.workdir_size * MiB * 4 // 3) + 4 * MiB
 
     @property
     def queue_limit(self) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from snekbox_client import ContentWanted
+
 __all__ = ["EvalRequest", "EvalResult", "FileAttachment", "Limit"]
 
 
@@ -13,10 +15,13 @@ class FileAttachment:
 
     path: str
     content: bytes
+    # content_wanted: the file's size, more than len(content) when the content was left out
+    # (see snekbox_client.ContentWanted); -1 means len(content).
+    size: int = -1
 
-    @property
-    def size(self) -> int:
-        return len(self.content)
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            object.__setattr__(self, "size", len(self.content))
 
 
 @dataclass(frozen=True)
@@ -25,11 +30,13 @@ class EvalRequest:
 
     ``executable_path`` selects another interpreter visible in the sandbox (``None``: the
     configured one). Files are written into the working directory before the run.
+    ``content_wanted``: which output files' contents to return (``None``: all, as Snekbox).
     """
 
     args: tuple[str, ...]
     files: tuple[FileAttachment, ...] = ()
     executable_path: str | None = None
+    content_wanted: ContentWanted | None = None  # content_wanted
 
 
 @dataclass(frozen=True)

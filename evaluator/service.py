@@ -194,6 +194,7 @@ class Evaluator:
             await asyncio.gather(self._fontlist_task, return_exceptions=True)
             self._fontlist_task = None
         self._pool = None
+        self._users.close()
         if self._root is not None:
             self._root.remove()
             self._root = None
@@ -231,7 +232,7 @@ class Evaluator:
     ) -> EvalResult:
         config = self.config
         try:
-            written = sandbox.workdir.write_files(request.files)
+            written = await asyncio.to_thread(sandbox.workdir.write_files, request.files)
         except WriteError as exc:
             return EvalResult(str(exc), None)
         sandbox.process.release(self._argv(command, sandbox.workdir), config.time_limit)
@@ -245,6 +246,7 @@ class Evaluator:
                 written,
                 max_files=config.max_files,
                 timeout=config.file_parse_timeout,
+                content_wanted=request.content_wanted,
             )
         except CollectError as exc:
             return EvalResult(str(exc), None)

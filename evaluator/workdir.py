@@ -1,10 +1,14 @@
 """The working directory of one run: a fresh, size-bounded tmpfs seen as ``/home`` inside.
 
 Where this process may mount (root), each run gets its own tmpfs, mounted by syscall (~0.2 ms)
-with a size and an inode bound, on a directory inside a private 0700 directory of the service.
+with a size and an inode bound, on a directory inside a private directory of the service.
 Elsewhere it is a plain directory and only the output collection bounds what comes back.
 Input files are written in before the run; output files are collected after it by Snekbox's
 rules, reading regular files only and never following a symlink.
+
+Whatever the code did to its own files (modes that lock out their owner, deep trees), collection
+and removal work: when this process is not root, it owns those files and gives itself back the
+permissions it needs, through descriptors that never follow a symlink.
 """
 
 from __future__ import annotations
@@ -14,17 +18,18 @@ import errno
 import logging
 import os
 import re
-import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+
+from snekbox_client import ContentWanted
 
 from .models import FileAttachment
 from .procfs import alive
 
-__all__ = ["CollectError", "Workdir", "WorkdirRoot", "WriteError"]
+__all__ = ["TMP_DIR", "CollectError", "Workdir", "WorkdirRoot", "WriteError"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,9 @@ _MNT_DETACH = 2
 MAX_DEPTH = 100
 # The service's private directories: evaluator-<pid>-<random>.
 _ROOT_NAME = re.compile(r"evaluator-(\d+)-\w+")
+#: The run's TMPDIR, relative to the working directory; hidden, so never returned.
+TMP_DIR = ".tmp"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class WriteError(Exception):
@@ -48,7 +56,11 @@ class CollectError(Exception):
 
 
 class WorkdirRoot:
-    """The service's private 0700 directory, under which every working directory lives."""
+    """The service's private directory, under which every working directory lives.
+
+    Mode 0711: a run with a host uid of its own reaches its working directory through it, but
+    cannot list it.
+    """
 
     def __init__(self, path: Path, can_mount: bool) -> None:
         self.path = path
@@ -110,10 +122,9 @@ class Workdir:
             os.chown(path, *owner)
         workdir = cls(path, root.can_mount, size)
         workdir.owner = owner
-        # TMPDIR inside; hidden, so never returned.
-        (path / ".tmp").mkdir(mode=0o700)
+        (path / TMP_DIR).mkdir(mode=0o700)
         if owner is not None:
-            os.chown(path / ".tmp", *owner)
+            os.chown(path / TMP_DIR, *owner)
         return workdir
 
     def write_files(self, files: Iterable[FileAttachment]) -> dict[str, int]:
@@ -141,7 +152,12 @@ class Workdir:
         return written
 
     def collect(
-        self, written: Mapping[str, int], *, max_files: int, timeout: float
+        self,
+        written: Mapping[str, int],
+        *,
+        max_files: int,
+        timeout: float,
+        content_wanted: ContentWanted | None = None,
     ) -> tuple[FileAttachment, ...]:
         """The files the run created or modified, by Snekbox's rules (pattern ``**/[!_]*``).
 
@@ -150,18 +166,22 @@ class Workdir:
         unmodified. At most ``max_files``, in path order, and no more than the working directory's
         size in total.
 
+        ``content_wanted`` (see :class:`snekbox_client.ContentWanted`): only the contents it
+        asks for are read; the other files come back with their size and no content.
+
         Raises:
             CollectError: parsing took longer than ``timeout``, went too deep, or met a file
                 name that is not UTF-8.
         """
         deadline = time.monotonic() + timeout
-        root_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        root_fd = _open_dir(self.path)
         try:
             found: list[tuple[str, os.stat_result]] = []
             _scan(root_fd, "", 0, found, deadline)
             found.sort(key=lambda item: item[0])
             files: list[FileAttachment] = []
             total = 0
+            room = content_wanted.max_bytes if content_wanted else 0  # content_wanted
             for rel, info in found:
                 if time.monotonic() > deadline:
                     raise CollectError(
@@ -174,7 +194,20 @@ class Workdir:
                 total += info.st_size
                 if total > self.size:
                     break
-                content = _read_beneath(root_fd, rel, info)
+                # content_wanted: whole, its first head_bytes, or nothing but the size.
+                if content_wanted is None:
+                    content = _read_beneath(root_fd, rel, info)
+                elif not content_wanted.matches(rel):
+                    files.append(FileAttachment(rel, b"", info.st_size))
+                    continue
+                elif info.st_size <= room:
+                    content = _read_beneath(root_fd, rel, info)
+                    room -= len(content or b"")
+                else:
+                    content = _read_beneath(root_fd, rel, info, content_wanted.head_bytes)
+                    if content is not None:
+                        files.append(FileAttachment(rel, content, info.st_size))
+                    continue
                 if content is not None:
                     files.append(FileAttachment(rel, content))
             return tuple(files)
@@ -197,12 +230,22 @@ def sweep(parent: Path) -> None:
         return
     for entry in entries:
         match = _ROOT_NAME.fullmatch(entry.name)
-        if match is None or alive(int(match[1])) or not entry.is_dir():
+        if match is None or alive(int(match[1])):
             continue
-        log.info("removing %s, left by evaluator process %s", entry, match[1])
-        for mount_point in _mounts_under(entry):
-            _unmount(mount_point)
-        _remove_tree(entry)
+        try:
+            info = entry.lstat()
+            # Only this user's own directories: the parent may be shared (/tmp).
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue
+            log.info("removing %s, left by evaluator process %s", entry, match[1])
+            for mount_point in _mounts_under(entry):
+                _unmount(mount_point)
+            _remove_tree(entry)
+        except OSError as exc:
+            # Whatever is left there must not keep the service from starting.
+            log.warning(
+                "could not remove %s, left by evaluator process %s: %s", entry, match[1], exc
+            )
 
 
 def _scan(
@@ -221,9 +264,7 @@ def _scan(
         rel = prefix + name
         if stat.S_ISDIR(info.st_mode):
             try:
-                sub_fd = os.open(
-                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
-                )
+                sub_fd = _open_dir(name, dir_fd)
             except OSError:
                 continue
             try:
@@ -240,26 +281,34 @@ def _scan(
             found.append((rel, info))
 
 
-def _read_beneath(root_fd: int, rel: str, expected: os.stat_result) -> bytes | None:
-    """Read a regular file below ``root_fd`` without following any symlink; None if it changed."""
+def _read_beneath(
+    root_fd: int, rel: str, expected: os.stat_result, limit: int | None = None
+) -> bytes | None:
+    """Read a regular file below ``root_fd`` without following any symlink; None if it changed.
+
+    ``limit``: read only the first bytes (content_wanted's head).
+    """
     *dirs, name = rel.split("/")
     fds: list[int] = []
     try:
         dir_fd = root_fd
         for part in dirs:
-            dir_fd = os.open(
-                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
-            )
+            dir_fd = _open_dir(part, dir_fd)
             fds.append(dir_fd)
-        fd = os.open(
-            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-        )
+        try:
+            fd = os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+            )
+        except PermissionError:
+            fd = _reopen_repaired(
+                name, dir_fd, stat.S_ISREG, 0o400, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+            )
         fds.append(fd)
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_ino != expected.st_ino:
             return None
         chunks: list[bytes] = []
-        remaining = expected.st_size
+        remaining = expected.st_size if limit is None else min(expected.st_size, limit)
         while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 20))):
             chunks.append(chunk)
             remaining -= len(chunk)
@@ -308,13 +357,101 @@ def _mounts_under(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
-def _remove_tree(path: Path) -> None:
+def _open_dir(name: str | Path, dir_fd: int | None = None) -> int:
+    """Open a directory, never through a symlink, with its owner's ``rwx`` given back if it is ours.
+
+    The code may have taken them away from its own directories (which this process owns when it
+    is not root); without them, nothing below could be listed, read or removed.
+    """
     try:
-        shutil.rmtree(path)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        return _reopen_repaired(
+            name, dir_fd, stat.S_ISDIR, 0o700, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        )
+    try:
+        info = os.fstat(fd)
+        if info.st_mode & 0o700 != 0o700 and info.st_uid == os.geteuid():
+            os.fchmod(fd, stat.S_IMODE(info.st_mode) | 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _reopen_repaired(
+    name: str | Path,
+    dir_fd: int | None,
+    is_kind: Callable[[int], bool],
+    bits: int,
+    flags: int,
+) -> int:
+    """Open an entry of ours that we may not open (``EACCES``): add ``bits`` to its mode first.
+
+    ``O_PATH | O_NOFOLLOW`` pins the entry itself, needing no permission on it (a symlink stays
+    a symlink, and is refused like any entry not of ``is_kind``); the chmod and the reopening
+    through ``/proc/self/fd`` act on that very inode, so no path is resolved twice.
+    """
+    path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        info = os.fstat(path_fd)
+        if not is_kind(info.st_mode) or info.st_uid != os.geteuid():
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(name))
+        pinned = f"/proc/self/fd/{path_fd}"
+        os.chmod(pinned, stat.S_IMODE(info.st_mode) | bits)
+        return os.open(pinned, flags)
+    finally:
+        os.close(path_fd)
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete ``path`` and everything below it, whatever the code did to it.
+
+    Iterative and descriptor-based: any depth works with two descriptors open, no symlink is
+    followed, no other file system (a mount point left behind) is entered, and the modes the code
+    took away are given back on the way down (see :func:`_open_dir`).
+    """
+    try:
+        fd = _open_dir(path)
     except FileNotFoundError:
         return
-    except PermissionError:
-        # Code running as this same (non-root) user may have taken away write permission.
-        for directory, _, _ in os.walk(path):
-            os.chmod(directory, 0o700)
-        shutil.rmtree(path)
+    try:
+        here = os.fstat(fd)
+        device = here.st_dev
+        # The way down: each directory's identity, and its subdirectories still to remove.
+        way_down: list[tuple[tuple[int, int], list[str]]] = []
+        subdirs = _clear(fd)
+        while True:
+            if subdirs:
+                child = _open_dir(subdirs[-1], fd)
+                way_down.append(((here.st_dev, here.st_ino), subdirs))
+                fd, parent = child, fd
+                os.close(parent)
+                here = os.fstat(fd)
+                if here.st_dev != device:
+                    raise OSError(errno.EXDEV, "a mount point is left below", str(path))
+                subdirs = _clear(fd)
+            elif way_down:
+                identity, subdirs = way_down.pop()
+                fd, child = os.open("..", _DIR_FLAGS, dir_fd=fd), fd
+                os.close(child)
+                here = os.fstat(fd)
+                if (here.st_dev, here.st_ino) != identity:
+                    raise OSError(errno.ESTALE, "the tree moved while it was removed", str(path))
+                os.rmdir(subdirs.pop(), dir_fd=fd)
+            else:
+                break
+    finally:
+        os.close(fd)
+    os.rmdir(path)
+
+
+def _clear(dir_fd: int) -> list[str]:
+    """Unlink every entry of a directory but its subdirectories, which are returned."""
+    subdirs = []
+    for name in os.listdir(dir_fd):
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except IsADirectoryError:
+            subdirs.append(name)
+    return subdirs

@@ -11,8 +11,15 @@ against the real Snekbox and against the project's built-in evaluator alike::
 
 Pass ``transport=httpx.ASGITransport(app)`` instead of a URL to reach an ASGI app in-process.
 Every failure of the service raises a subclass of :class:`SnekboxError` (see ``_exceptions``).
+
+Beyond Snekbox's API: a request's ``content_wanted`` (:class:`ContentWanted`) says which
+returned files' contents the client wants, so that the others come back as names and sizes
+only; and a plain ``http`` URL whose host resolves to several addresses (replicas behind one
+name) has its requests spread over them (:class:`BalancingTransport`).
 """
 
+from ._answer import AnswerReader
+from ._balancing import AddressState, BalancingTransport, Resolver, resolve
 from ._client import DEFAULT_TIMEOUT, SnekboxClient
 from ._exceptions import (
     EvaluatorRejected,
@@ -21,10 +28,15 @@ from ._exceptions import (
     InvalidResponse,
     SnekboxError,
 )
-from ._models import EvalRequest, EvalResult, File
+from ._models import CONTENT_WANTED_FIELD, ContentWanted, EvalRequest, EvalResult, File
 
 __all__ = [
+    "CONTENT_WANTED_FIELD",
     "DEFAULT_TIMEOUT",
+    "AddressState",
+    "AnswerReader",
+    "BalancingTransport",
+    "ContentWanted",
     "EvalRequest",
     "EvalResult",
     "EvaluatorRejected",
@@ -32,6 +44,8 @@ __all__ = [
     "EvaluatorUnavailable",
     "File",
     "InvalidResponse",
+    "Resolver",
     "SnekboxClient",
     "SnekboxError",
+    "resolve",
 ]

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
 import httpx
 
+from ._answer import AnswerReader
+from ._balancing import BalancingTransport
 from ._exceptions import (
     EvaluatorRejected,
     EvaluatorTimeout,
     EvaluatorUnavailable,
-    InvalidResponse,
 )
-from ._models import EvalRequest, EvalResult
+from ._models import ContentWanted, EvalRequest, EvalResult
 
 __all__ = ["DEFAULT_TIMEOUT", "SnekboxClient"]
 
@@ -24,6 +28,9 @@ __all__ = ["DEFAULT_TIMEOUT", "SnekboxClient"]
 DEFAULT_TIMEOUT = 30.0
 
 _DEFAULT_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=5)
+_MiB = 1024 * 1024
+#: The most of an error answer read, for its title and description.
+_ERROR_BODY_BYTES = 64 * 1024
 
 
 class SnekboxClient:
@@ -36,7 +43,23 @@ class SnekboxClient:
             ``httpx.ASGITransport(app)`` to call an in-process ASGI evaluator.
         timeout: Seconds to wait for an evaluation to come back (see :data:`DEFAULT_TIMEOUT`).
         connect_timeout: Seconds to wait for a connection, so a dead service is reported fast.
-        limits: Connection pool limits.
+        limits: Connection pool limits (of each address's pool, for a balanced ``http`` URL).
+        refresh_interval: Seconds between resolutions of a balanced URL's host.
+        max_answer_bytes: The largest answer read (Snekbox's largest is about 70 MB: 48 MiB of
+            files in base64 and 1 MB of output), kept in memory or not.
+        max_text_bytes: The most output and file names an answer may carry (JSON-escaped).
+        max_content_bytes: The most file contents kept from one answer when the request has no
+            ``content_wanted``; files beyond come back without content (``complete`` False).
+        max_files: The most files an answer may list (Snekbox returns at most 100).
+
+    With no ``transport`` and an ``http`` URL, requests are spread over every address the
+    URL's host resolves to (several replicas behind one name): see :class:`BalancingTransport`.
+    An ``https`` URL uses httpx's own transport: one name, its connections reused.
+
+    An answer is read as it arrives and only what the result keeps is held in memory: ``stdout``,
+    file names and sizes, and the file contents the request's ``content_wanted`` asks for (the
+    client applies that rule itself when the service ignores it, as Snekbox does); decoding
+    what was kept runs in a thread, off the event loop.
 
     Proxy environment variables are ignored (``trust_env=False``): evaluation traffic goes
     straight to the service it was configured for.
@@ -50,15 +73,38 @@ class SnekboxClient:
         timeout: float = DEFAULT_TIMEOUT,
         connect_timeout: float = 2.0,
         limits: httpx.Limits = _DEFAULT_LIMITS,
+        refresh_interval: float = 5.0,
+        max_answer_bytes: int = 128 * _MiB,
+        max_text_bytes: int = 16 * _MiB,
+        max_content_bytes: int = 64 * _MiB,
+        max_files: int = 1000,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.max_answer_bytes = max_answer_bytes
+        self.max_text_bytes = max_text_bytes
+        self.max_content_bytes = max_content_bytes
+        self.max_files = max_files
+        url = httpx.URL(self.base_url)
+        if transport is None and url.scheme == "http":
+            transport = BalancingTransport(
+                url.host,
+                url.port or 80,
+                refresh_interval=refresh_interval,
+                resolve_timeout=connect_timeout,
+                limits=limits,
+            )
+        #: The transport in use: a :class:`BalancingTransport` for a plain ``http`` URL, the one
+        #: given, or ``None`` for httpx's own (``https``).
+        self.transport = transport
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             transport=transport,
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=limits,
             trust_env=False,
+            # The answer is read as it comes: no compression to inflate in memory first.
+            headers={"Accept-Encoding": "identity"},
         )
 
     async def eval(self, request: EvalRequest) -> EvalResult:
@@ -68,25 +114,30 @@ class SnekboxClient:
             EvaluatorUnavailable: the service could not be reached.
             EvaluatorTimeout: it did not answer within ``timeout``.
             EvaluatorRejected: it answered with an error status.
-            InvalidResponse: it answered 200 with something unparseable.
+            InvalidResponse: it answered 200 with something unparseable or over a limit.
         """
-        response = await self._send("POST", "/eval", json=request.to_json())
-        if response.status_code != 200:
-            raise _rejection(response)
-        try:
-            data = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidResponse(f"the answer is not JSON: {exc}") from exc
-        return EvalResult.from_json(data)
+        wanted = request.content_wanted or ContentWanted(("*",), self.max_content_bytes)
+        reader = AnswerReader(
+            wanted,
+            max_answer_bytes=self.max_answer_bytes,
+            max_text_bytes=self.max_text_bytes,
+            max_files=self.max_files,
+        )
+        async with self._exchange("POST", "/eval", json=request.to_json()) as response:
+            if response.status_code != 200:
+                raise _rejection(response.status_code, await _read_at_most(response))
+            async for chunk in response.aiter_bytes():
+                reader.feed(chunk)
+        return await asyncio.to_thread(reader.result)
 
     async def ping(self) -> None:
         """Check that the service answers ``OPTIONS /eval`` (Snekbox's cheapest probe).
 
         Raises the same errors as :meth:`eval`.
         """
-        response = await self._send("OPTIONS", "/eval")
-        if response.status_code >= 400:
-            raise _rejection(response)
+        async with self._exchange("OPTIONS", "/eval") as response:
+            if response.status_code >= 400:
+                raise _rejection(response.status_code, await _read_at_most(response))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -102,9 +153,14 @@ class SnekboxClient:
     ) -> None:
         await self.aclose()
 
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    @asynccontextmanager
+    async def _exchange(
+        self, method: str, path: str, **kwargs: Any
+    ) -> AsyncIterator[httpx.Response]:
+        """One request, its response streamed; transport failures become :class:`SnekboxError`."""
         try:
-            return await self._http.request(method, path, **kwargs)
+            async with self._http.stream(method, path, **kwargs) as response:
+                yield response
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
                 raise EvaluatorUnavailable(self.base_url, "connection timed out") from exc
@@ -113,16 +169,25 @@ class SnekboxClient:
             raise EvaluatorUnavailable(self.base_url, str(exc) or type(exc).__name__) from exc
 
 
-def _rejection(response: httpx.Response) -> EvaluatorRejected:
-    title, description = f"HTTP {response.status_code}", None
+async def _read_at_most(response: httpx.Response, limit: int = _ERROR_BODY_BYTES) -> bytes:
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk[: limit - len(body)]
+        if len(body) >= limit:
+            break
+    return bytes(body)
+
+
+def _rejection(status_code: int, content: bytes) -> EvaluatorRejected:
+    title, description = f"HTTP {status_code}", None
     try:
-        body = response.json()
+        body = json.loads(content)
     except (json.JSONDecodeError, UnicodeDecodeError):
         body = None
     if isinstance(body, dict) and isinstance(body.get("title"), str):
         title = body["title"]
         if isinstance(body.get("description"), str):
             description = body["description"]
-    elif response.text:
-        description = response.text[:500]
-    return EvaluatorRejected(response.status_code, title, description)
+    elif content:
+        description = content.decode("utf-8", "replace")[:500]
+    return EvaluatorRejected(status_code, title, description)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._exceptions import InvalidResponse
 
-__all__ = ["EvalRequest", "EvalResult", "File"]
+__all__ = ["CONTENT_WANTED_FIELD", "ContentWanted", "EvalRequest", "EvalResult", "File"]
+
+#: The request field of :class:`ContentWanted`: this project's extension of Snekbox's request.
+#: Snekbox's schema ignores unknown fields, so a request carrying it is valid for both services.
+CONTENT_WANTED_FIELD = "content_wanted"
 
 
 @dataclass(frozen=True)
@@ -19,17 +24,82 @@ class File:
 
     ``path`` is relative to the working directory. Snekbox never returns files whose name starts
     with ``_`` or ``.``, so such names are the place for helper files sent with a request.
+
+    ``size`` is the file's size; it defaults to ``len(content)``. A returned file whose content
+    was left out (see :class:`ContentWanted`) has a larger ``size`` than ``content``, which then
+    holds only the file's first bytes, or none: :attr:`complete` tells.
     """
 
     path: str
     content: bytes = b""
+    size: int = -1
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            object.__setattr__(self, "size", len(self.content))
 
     @property
-    def size(self) -> int:
-        return len(self.content)
+    def complete(self) -> bool:
+        """Whether ``content`` is the whole file."""
+        return len(self.content) == self.size
 
     def to_json(self) -> dict[str, str]:
         return {"path": self.path, "content": base64.b64encode(self.content).decode("ascii")}
+
+
+@dataclass(frozen=True)
+class ContentWanted:
+    """Which returned files' contents a client wants; the others come back as path and size.
+
+    The request field ``content_wanted``, an extension of Snekbox's API that the built-in
+    evaluator honours and Snekbox ignores (the client then applies the same rule to Snekbox's
+    full answer while reading it, so the result is the same from both)::
+
+        "content_wanted": {"paths": ["figure_*.png"], "max_bytes": 524288, "head_bytes": 24}
+
+    Taken in the answer's order, a file whose path matches one of ``paths`` (``fnmatch``
+    patterns, case-sensitive, ``*`` crossing ``/``) comes back whole while the whole contents
+    returned add up to at most ``max_bytes``; a matching file that does not fit comes back with
+    its first ``head_bytes`` bytes (a PNG's signature and size fit in 24), and later, smaller
+    ones may still fit. Every other file comes back with an empty ``content``. ``size`` is
+    always the file's real size.
+    """
+
+    paths: tuple[str, ...] = ()
+    max_bytes: int = 0
+    head_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 0 or self.head_bytes < 0:
+            raise ValueError("max_bytes and head_bytes may not be negative")
+
+    def matches(self, path: str) -> bool:
+        return any(fnmatch.fnmatchcase(path, pattern) for pattern in self.paths)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "paths": list(self.paths),
+            "max_bytes": self.max_bytes,
+            "head_bytes": self.head_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> ContentWanted:
+        """Parse the request field (the evaluator's side).
+
+        Raises:
+            ValueError: ``data`` is not an object of the shape above (the message says why).
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"'{CONTENT_WANTED_FIELD}' is not an object")
+        paths = data.get("paths", [])
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise ValueError(f"'{CONTENT_WANTED_FIELD}.paths' is not a list of strings")
+        numbers = {name: data.get(name, 0) for name in ("max_bytes", "head_bytes")}
+        for name, value in numbers.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"'{CONTENT_WANTED_FIELD}.{name}' is not a non-negative integer")
+        return cls(tuple(paths), numbers["max_bytes"], numbers["head_bytes"])
 
 
 @dataclass(frozen=True)
@@ -38,13 +108,15 @@ class EvalRequest:
 
     ``input`` is code; when it is given and ``args`` is not, Snekbox runs ``python -c input``.
     When both are given, ``input`` is appended to ``args``. ``executable_path`` selects another
-    interpreter inside the service (``None``: the service's default).
+    interpreter inside the service (``None``: the service's default). ``content_wanted`` bounds
+    the file contents that come back (``None``: all of them, as Snekbox returns them).
     """
 
     input: str | None = None
     args: Sequence[str] | None = None
     files: Sequence[File] = field(default_factory=tuple)
     executable_path: str | None = None
+    content_wanted: ContentWanted | None = None
 
     def __post_init__(self) -> None:
         if self.input is None and self.args is None:
@@ -60,6 +132,8 @@ class EvalRequest:
             body["files"] = [f.to_json() for f in self.files]
         if self.executable_path is not None:
             body["executable_path"] = self.executable_path
+        if self.content_wanted is not None:
+            body[CONTENT_WANTED_FIELD] = self.content_wanted.to_json()
         return body
 
 
@@ -78,16 +152,18 @@ class EvalResult:
 
     @classmethod
     def from_json(cls, data: Any) -> EvalResult:
-        """Parse a 200 body, raising :class:`InvalidResponse` for anything malformed."""
+        """Parse a decoded 200 body, raising :class:`InvalidResponse` for anything malformed.
+
+        (:class:`~snekbox_client.SnekboxClient` reads answers incrementally instead; this is for
+        bodies already in memory.)
+        """
         if not isinstance(data, dict):
             raise InvalidResponse(f"expected a JSON object, got {type(data).__name__}")
         stdout = data.get("stdout")
         returncode = data.get("returncode")
         if not isinstance(stdout, str):
             raise InvalidResponse("'stdout' is missing or not a string")
-        if returncode is not None and (
-            not isinstance(returncode, int) or isinstance(returncode, bool)
-        ):
+        if returncode is not None and not _is_int(returncode):
             raise InvalidResponse("'returncode' is neither an integer nor null")
         raw_files = data.get("files", [])
         if not isinstance(raw_files, list):
@@ -95,14 +171,31 @@ class EvalResult:
         return cls(stdout=stdout, returncode=returncode, files=tuple(map(_parse_file, raw_files)))
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _parse_file(item: Any) -> File:
     if not isinstance(item, dict):
         raise InvalidResponse("a file entry is not an object")
-    path, content = item.get("path"), item.get("content", "")
+    path, content, size = item.get("path"), item.get("content", ""), item.get("size")
     if not isinstance(path, str) or not isinstance(content, str):
         raise InvalidResponse("a file entry lacks a string 'path' or 'content'")
+    return file_from_answer(path, content, size)
+
+
+def file_from_answer(path: str, content: str, size: Any) -> File:
+    """A returned file from its JSON fields (``content`` base64, ``size`` an int or absent).
+
+    Raises:
+        InvalidResponse: the content is not base64, or ``size`` is not a plausible size.
+    """
     try:
         data = base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise InvalidResponse(f"file {path!r} has invalid base64 content") from exc
-    return File(path=path, content=data)
+    if size is None:
+        return File(path, data)
+    if not _is_int(size) or size < len(data):
+        raise InvalidResponse(f"file {path!r} has an invalid 'size'")
+    return File(path, data, size)

@@ -34,9 +34,16 @@ _HOSTILE = [
 def _leftovers(evaluator_pid: int, root: Path) -> dict[str, list[str]]:
     """Run cgroups, mounts, directories and child processes this process still has."""
     me = os.getpid()
+    mounts_by_controller = _cgroup_mounts()
+    parents = [
+        mounts_by_controller[c] / own.lstrip("/") / "evaluator"
+        for c in ("memory", "pids", "cpu")
+        if c in mounts_by_controller and (own := _own_v1_cgroup(c)) is not None
+    ]
     cgroups = [
         str(d)
-        for hierarchy in Path("/sys/fs/cgroup").glob("*/evaluator")
+        for hierarchy in parents
+        if hierarchy.is_dir()
         for d in hierarchy.iterdir()
         if d.is_dir() and d.name.startswith(f"{evaluator_pid}-")
     ]
@@ -48,9 +55,12 @@ def _leftovers(evaluator_pid: int, root: Path) -> dict[str, list[str]]:
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
+                command = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == me:
+            # Sandbox processes only: services that other tests' fixtures run are children too.
+            sandbox = b"_launcher.py" in command or stat.split(" ", 2)[1] == "(bwrap)"
+            if sandbox and int(stat[stat.rindex(")") + 2 :].split()[1]) == me:
                 children.append(stat)
     return {"cgroups": cgroups, "mounts": mounts, "dirs": [str(root)] * root.exists(),
             "children": children}  # fmt: skip

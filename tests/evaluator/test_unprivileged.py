@@ -9,11 +9,17 @@ already covers this path.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,6 +28,7 @@ import pytest
 from tests.support import closed_port, wait_until_answers
 
 from . import isolation
+from .lockouts import LOCKOUTS, code, directories_marked
 
 PROJECT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -49,17 +56,21 @@ def venv() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def service(venv: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+@contextmanager
+def nobody_evaluator(
+    venv: Path, time_limit: float, tmpdir: str = "/tmp"
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``python -m evaluator`` as nobody, its private directory in ``tmpdir``; yields its URL."""
     port = closed_port()
     command = [
         "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-        venv / "bin" / "python", "-m", "evaluator", "--port", str(port), "--time-limit", "2",
+        venv / "bin" / "python", "-m", "evaluator", "--port", str(port),
+        "--time-limit", str(time_limit),
     ]  # fmt: skip
     process = subprocess.Popen(
         command,
         cwd="/",
-        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"},
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": tmpdir},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -74,6 +85,12 @@ def service(venv: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def service(venv: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    with nobody_evaluator(venv, 2) as started:
+        yield started
 
 
 def run(url: str, code: str) -> dict[str, object]:
@@ -133,6 +150,108 @@ def test_a_run_sharing_the_users_uid_gets_no_inotify_instance(
     url, _ = service
     result = run(url, isolation.inotify_hog(hold=0))
     assert str(result["stdout"]).split() == ["0", "24"]  # none taken: EMFILE at once
+
+
+@pytest.fixture(scope="module")
+def roomy_service(venv: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A time limit for deep trees: the working directory is on this machine's disk."""
+    with nobody_evaluator(venv, 30) as started:
+        yield started
+
+
+@pytest.mark.parametrize("name", LOCKOUTS)
+def test_a_run_that_locks_out_its_files_is_answered_and_removed(
+    roomy_service: tuple[str, subprocess.Popen[str]], name: str
+) -> None:
+    url, process = roomy_service
+    marker = f".marker-{uuid.uuid4().hex}"
+    result = run(url, code(name, marker))
+    assert result["returncode"] == 0, result["stdout"]
+    files = result["files"]
+    assert isinstance(files, list)
+    assert {f["path"]: base64.b64decode(f["content"]).decode() for f in files} == LOCKOUTS[name][1]
+    assert run(url, "print(1)")["stdout"] == "1\n"
+    [root] = Path("/tmp").glob(f"evaluator-{process.pid}-*")
+    deadline = time.monotonic() + 10  # removed in the background, after the answer
+    while directories_marked(root, marker):
+        assert time.monotonic() < deadline, "the working directory is still there"
+        time.sleep(0.05)
+
+
+#: As nobody, with the service's own code: lock-outs, a symlink to a locked directory outside.
+_REPAIR = """
+import json, os, sys
+from pathlib import Path
+from evaluator.workdir import Workdir
+base = Path(sys.argv[1])
+outside, tree = base / "outside", base / "run-x"
+outside.mkdir(); (outside / "secret").write_text("secret"); os.chmod(outside, 0)
+(tree / "a" / "b").mkdir(parents=True)
+(tree / "a" / "b" / "f.txt").write_text("f"); (tree / "top.txt").write_text("top")
+os.symlink(outside, tree / "a" / "outside")
+os.chmod(tree / "top.txt", 0); os.chmod(tree / "a" / "b", 0o100); os.chmod(tree / "a", 0o600)
+os.chmod(tree, 0o300)
+workdir = Workdir(tree, False, 1 << 20)
+files = workdir.collect({}, max_files=100, timeout=5)
+workdir.remove()
+print(json.dumps({
+    "files": {f.path: f.content.decode() for f in files},
+    "removed": not tree.exists(),
+    "outside": oct(os.stat(outside).st_mode & 0o777),
+}))
+"""
+
+
+def test_collection_and_removal_give_back_permissions_never_through_a_symlink(
+    venv: Path,
+) -> None:
+    base = Path(tempfile.mkdtemp(prefix="evaluator-repair-", dir="/tmp"))
+    try:
+        os.chown(base, NOBODY, NOBODY)
+        as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        done = subprocess.run(
+            [*as_nobody, venv / "bin" / "python", "-c", _REPAIR, base],
+            capture_output=True, text=True, timeout=60, cwd="/", check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {
+            "files": {"a/b/f.txt": "f", "top.txt": "top"},
+            "removed": True,
+            "outside": "0o0",  # the symlink's target was never touched
+        }
+    finally:
+        shutil.rmtree(base)
+
+
+def test_a_start_is_not_stopped_by_what_a_dead_evaluator_left(venv: Path) -> None:
+    base = Path(tempfile.mkdtemp(prefix="evaluator-sweep-", dir="/tmp"))
+    try:
+        base.chmod(0o777)
+        finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                                  capture_output=True, text=True, check=True)  # fmt: skip
+        dead = int(finished.stdout)
+        # Locked out: removable by its owner, once it gives itself back the permissions.
+        locked = base / f"evaluator-{dead}-locked"
+        (locked / "run-x" / "d" / "e").mkdir(parents=True)
+        (locked / "run-x" / "d" / "e" / "f").write_text("f")
+        # Not removable by nobody: a directory of root's inside.
+        stuck = base / f"evaluator-{dead}-stuck"
+        (stuck / "root-owned").mkdir(parents=True)
+        (stuck / "root-owned" / "f").write_text("f")
+        for path in [locked, *locked.rglob("*"), stuck]:
+            os.chown(path, NOBODY, NOBODY)
+        for path in sorted(locked.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            path.chmod(0)
+        locked.chmod(0o300)
+        with nobody_evaluator(venv, 2, str(base)) as (url, process):
+            assert run(url, "print(1)")["stdout"] == "1\n"
+            process.terminate()
+            log = process.communicate(timeout=30)[0]
+        assert not locked.exists()
+        assert (stuck / "root-owned" / "f").exists()
+        assert f"could not remove {stuck}, left by evaluator process {dead}" in log
+    finally:
+        shutil.rmtree(base)
 
 
 # Last: it stops the module's service.

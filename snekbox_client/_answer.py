@@ -1,0 +1,449 @@
+"""Reading a ``POST /eval`` answer as it arrives, keeping only what the result needs.
+
+A Snekbox answer can carry 48 MiB of files, 64 MiB once base64-encoded, and the client may want
+none of it (the gateway returns only figures). :class:`AnswerReader` is an incremental JSON
+parser for that one shape: fed the body chunk by chunk, it keeps ``stdout``, ``returncode``,
+each file's ``path`` and ``size``, and only the contents that :class:`ContentWanted` asks for;
+the rest is scanned (at C speed, with a regular expression) and dropped. Memory is bounded by
+the caps given, whatever the answer holds; feeding a chunk is cheap enough for the event loop,
+and :meth:`AnswerReader.result`, which decodes what was kept, belongs in a thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._exceptions import InvalidResponse
+from ._models import ContentWanted, EvalResult, File
+
+__all__ = ["AnswerReader"]
+
+# A run of a JSON string's body: anything but a quote or a backslash, or an escape pair.
+_STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.DOTALL)
+_WHITESPACE = re.compile(rb"[ \t\n\r]*+")
+_LITERAL = re.compile(rb"[-+.0-9A-Za-z]*+")
+_LITERAL_START = frozenset(b"-0123456789tfn")
+_MAX_LITERAL = 64
+_MAX_KEY = 256
+_MAX_DEPTH = 64
+_HEAD_BYTES = 64 * 1024
+# Not base64 (a backslash may start a JSON escape such as "\/": checked when decoded).
+_NOT_BASE64 = re.compile(rb"[^A-Za-z0-9+/=\\]")
+
+# What the tokenizer expects next.
+_VALUE, _VALUE_OR_CLOSE, _KEY, _KEY_OR_CLOSE, _COLON, _NEXT, _END = range(7)
+# What a container is to the answer.
+_TOP, _FILES, _FILE, _IGNORED = range(4)
+# What happens to a file's content string.
+_SKIP, _KEEP, _HEAD = range(3)
+
+
+@dataclass
+class _Entry:
+    """A file entry as read so far: raw JSON string bodies, decoded by :meth:`result`."""
+
+    path: bytearray | None = None
+    size: Any = None
+    content: bytearray = field(default_factory=bytearray)
+    mode: int = _SKIP
+    name: str = ""  # the path, decoded, once the content starts
+    chars: int = 0  # characters of the content string, kept or not
+    tail: bytes = b""  # its last two characters (padding)
+    padded: bool = False  # an "=" was seen: only more may follow
+    escaped: bool = False  # a JSON escape ("\\/") was seen: lengths are off
+
+
+class AnswerReader:
+    """An incremental reader of one 200 answer of ``POST /eval``.
+
+    Args:
+        wanted: Which contents to keep (see :class:`ContentWanted`); the same rule the built-in
+            evaluator applies, so its answers and Snekbox's full ones read the same.
+        max_answer_bytes: The most body bytes accepted, kept or not.
+        max_text_bytes: The most bytes of ``stdout``, paths and keys kept (JSON-escaped).
+        max_files: The most file entries accepted.
+
+    Every method raises :class:`InvalidResponse` for a body that is not JSON, not an eval
+    result, or over a cap.
+    """
+
+    def __init__(
+        self,
+        wanted: ContentWanted,
+        *,
+        max_answer_bytes: int,
+        max_text_bytes: int,
+        max_files: int,
+    ) -> None:
+        self._wanted = wanted
+        self._max_answer = max_answer_bytes
+        self._max_text = max_text_bytes
+        self._max_files = max_files
+        self._read = 0
+        self._head = bytearray()  # the body's first bytes, for json's own error messages
+        self._text = 0
+        self._budget = wanted.max_bytes
+        self._head_chars = -(-wanted.head_bytes // 3) * 4
+        # The tokenizer.
+        self._expect = _VALUE
+        self._containers: list[tuple[bool, int]] = []  # (is an object, role)
+        self._in_string = False
+        self._string_is_key = False
+        self._escape = False
+        self._key = bytearray()
+        self._literal = bytearray()
+        # The answer.
+        self._current_key: str | None = None
+        self._string_target = ""
+        self._stdout: bytearray | None = None
+        self._returncode: Any = None
+        self._entries: list[_Entry] = []
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Take the next chunk of the body."""
+        self._read += len(data)
+        if self._read > self._max_answer:
+            raise InvalidResponse(f"the answer is larger than {self._max_answer:,} bytes")
+        if len(self._head) < _HEAD_BYTES:
+            self._head += data[: _HEAD_BYTES - len(self._head)]
+        try:
+            self._scan(data)
+        except _SyntaxError as exc:
+            raise self._as_json_would_say(exc) from None
+
+    def _scan(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self._in_string:
+                i = self._string_part(data, i)
+            elif self._literal:
+                i = self._literal_part(data, i)
+            else:
+                i = _match_end(_WHITESPACE, data, i)
+                if i < n:
+                    i = self._structural(data, i)
+
+    def _as_json_would_say(self, error: InvalidResponse) -> InvalidResponse:
+        """``json``'s own message (line, column) when the error is in the body's first bytes."""
+        try:
+            json.loads(self._head.decode("utf-8", "replace"))
+        except ValueError as exc:
+            if self._read <= len(self._head):
+                return InvalidResponse(f"the answer is not JSON: {exc}")
+        return error
+
+    def result(self) -> EvalResult:
+        """The result, once the whole body was fed: decodes what was kept (CPU: use a thread)."""
+        try:
+            if self._literal:
+                self._end_literal()
+            if self._in_string or self._expect != _END:
+                raise _SyntaxError("the answer is not JSON: it ends too early")
+        except _SyntaxError as exc:
+            raise self._as_json_would_say(exc) from None
+        if self._stdout is None:
+            raise InvalidResponse("'stdout' is missing or not a string")
+        stdout = _decode_string(self._stdout)
+        returncode = self._returncode
+        if returncode is not None and (
+            not isinstance(returncode, int) or isinstance(returncode, bool)
+        ):
+            raise InvalidResponse("'returncode' is neither an integer nor null")
+        files = tuple(self._file(entry) for entry in self._entries)
+        return EvalResult(stdout=stdout, returncode=returncode, files=files)
+
+    # -- the tokenizer ---------------------------------------------------------------------
+
+    def _structural(self, data: bytes, i: int) -> int:
+        char = data[i]
+        expect = self._expect
+        if char == ord('"'):
+            if expect in (_KEY, _KEY_OR_CLOSE):
+                self._string_is_key = True
+                self._key.clear()
+            elif expect in (_VALUE, _VALUE_OR_CLOSE):
+                self._string_is_key = False
+                self._begin_string()
+            else:
+                raise _unexpected(char)
+            self._in_string = True
+        elif char in (ord("{"), ord("[")):
+            if expect not in (_VALUE, _VALUE_OR_CLOSE):
+                raise _unexpected(char)
+            is_object = char == ord("{")
+            self._open(is_object)
+            self._expect = _KEY_OR_CLOSE if is_object else _VALUE_OR_CLOSE
+        elif char in (ord("}"), ord("]")):
+            is_object = char == ord("}")
+            allowed = (_KEY_OR_CLOSE if is_object else _VALUE_OR_CLOSE, _NEXT)
+            if expect not in allowed or not self._containers:
+                raise _unexpected(char)
+            if self._containers[-1][0] != is_object:
+                raise _unexpected(char)
+            self._close()
+            self._after_value()
+        elif char == ord(":"):
+            if expect != _COLON:
+                raise _unexpected(char)
+            self._expect = _VALUE
+        elif char == ord(","):
+            if expect != _NEXT:
+                raise _unexpected(char)
+            self._expect = _KEY if self._containers[-1][0] else _VALUE
+        elif char in _LITERAL_START and expect in (_VALUE, _VALUE_OR_CLOSE):
+            return self._literal_part(data, i)
+        else:
+            raise _unexpected(char)
+        return i + 1
+
+    def _string_part(self, data: bytes, i: int) -> int:
+        if self._escape:  # the previous chunk ended with a backslash
+            self._escape = False
+            self._string_bytes(b"\\" + data[i : i + 1])
+            return i + 1
+        end = _match_end(_STRING_BODY, data, i)
+        if end > i:
+            self._string_bytes(data[i:end])
+        if end == len(data):
+            return end
+        if data[end] == ord('"'):
+            self._in_string = False
+            if self._string_is_key:
+                self._end_key()
+            else:
+                self._end_string()
+                self._after_value()
+            return end + 1
+        self._escape = True  # a backslash, the chunk's last byte
+        return end + 1
+
+    def _literal_part(self, data: bytes, i: int) -> int:
+        end = _match_end(_LITERAL, data, i)
+        self._literal += data[i:end]
+        if len(self._literal) > _MAX_LITERAL:
+            raise _SyntaxError("the answer is not JSON: a literal is too long")
+        if end < len(data):
+            self._end_literal()
+        return end
+
+    def _end_literal(self) -> None:
+        try:
+            value = json.loads(self._literal)
+        except ValueError:
+            raise _SyntaxError("the answer is not JSON: a malformed literal") from None
+        self._literal.clear()
+        self._scalar(value)
+        self._after_value()
+
+    def _after_value(self) -> None:
+        self._expect = _NEXT if self._containers else _END
+
+    def _end_key(self) -> None:
+        self._current_key = _decode_string(self._key) if len(self._key) <= _MAX_KEY else None
+        self._expect = _COLON
+
+    # -- the answer ------------------------------------------------------------------------
+
+    def _role(self) -> int | None:
+        return self._containers[-1][1] if self._containers else None
+
+    def _open(self, is_object: bool) -> None:
+        parent, key = self._role(), self._current_key
+        if parent is None:
+            if not is_object:
+                raise InvalidResponse("expected a JSON object, got list")
+            role = _TOP
+        elif parent == _TOP and key == "files":
+            if is_object:
+                raise InvalidResponse("'files' is not a list")
+            role = _FILES
+        elif parent == _TOP and key == "stdout":
+            raise InvalidResponse("'stdout' is missing or not a string")
+        elif parent == _TOP and key == "returncode":
+            raise InvalidResponse("'returncode' is neither an integer nor null")
+        elif parent == _FILES:
+            if not is_object:
+                raise InvalidResponse("a file entry is not an object")
+            if len(self._entries) >= self._max_files:
+                raise InvalidResponse(f"the answer lists more than {self._max_files} files")
+            self._entries.append(_Entry())
+            role = _FILE
+        elif parent == _FILE and key in ("path", "content"):
+            raise InvalidResponse("a file entry lacks a string 'path' or 'content'")
+        elif parent == _FILE and key == "size":
+            raise InvalidResponse("a file entry has an invalid 'size'")
+        else:
+            role = _IGNORED
+        if len(self._containers) >= _MAX_DEPTH:
+            raise InvalidResponse("the answer is nested too deep")
+        self._containers.append((is_object, role))
+        self._current_key = None
+
+    def _close(self) -> None:
+        self._containers.pop()
+        self._current_key = None
+
+    def _scalar(self, value: Any) -> None:
+        role, key = self._role(), self._current_key
+        if role is None:
+            raise InvalidResponse(f"expected a JSON object, got {type(value).__name__}")
+        if role == _TOP and key == "stdout":
+            raise InvalidResponse("'stdout' is missing or not a string")
+        if role == _TOP and key == "returncode":
+            self._returncode = value
+        elif role == _TOP and key == "files":
+            raise InvalidResponse("'files' is not a list")
+        elif role == _FILES:
+            raise InvalidResponse("a file entry is not an object")
+        elif role == _FILE and key == "size":
+            self._entries[-1].size = value
+        elif role == _FILE and key in ("path", "content"):
+            raise InvalidResponse("a file entry lacks a string 'path' or 'content'")
+
+    def _begin_string(self) -> None:
+        role, key = self._role(), self._current_key
+        target = ""
+        if role is None:
+            raise InvalidResponse("expected a JSON object, got str")
+        if role == _TOP and key == "stdout":
+            target = "stdout"
+            self._stdout = bytearray()
+        elif role == _TOP and key == "returncode":
+            raise InvalidResponse("'returncode' is neither an integer nor null")
+        elif role == _TOP and key == "files":
+            raise InvalidResponse("'files' is not a list")
+        elif role == _FILES:
+            raise InvalidResponse("a file entry is not an object")
+        elif role == _FILE and key == "size":
+            raise InvalidResponse("a file entry has an invalid 'size'")
+        elif role == _FILE and key == "path":
+            target = "path"
+            self._entries[-1].path = bytearray()
+        elif role == _FILE and key == "content":
+            target = "content"
+            self._begin_content(self._entries[-1])
+        self._string_target = target
+
+    def _begin_content(self, entry: _Entry) -> None:
+        entry.content.clear()
+        entry.chars = 0
+        entry.tail = b""
+        entry.padded = entry.escaped = False
+        path = None if entry.path is None else _decode_string(entry.path)
+        entry.name = path or ""
+        if path is None or not self._wanted.matches(path):
+            entry.mode = _SKIP
+        elif isinstance(entry.size, int) and entry.size > self._budget:
+            entry.mode = _HEAD
+        else:
+            entry.mode = _KEEP
+
+    def _string_bytes(self, chunk: bytes) -> None:
+        target = self._string_target
+        if self._string_is_key:
+            kept = chunk[: max(0, _MAX_KEY + 1 - len(self._key))]
+            self._count_text(len(kept))
+            self._key += kept
+        elif target == "stdout" and self._stdout is not None:
+            self._count_text(len(chunk))
+            self._stdout += chunk
+        elif target == "path" and (path := self._entries[-1].path) is not None:
+            self._count_text(len(chunk))
+            path += chunk
+        elif target == "content":
+            self._content_bytes(self._entries[-1], chunk)
+
+    def _content_bytes(self, entry: _Entry, chunk: bytes) -> None:
+        # Checked as it passes, kept or not: the alphabet, and "=" only at the end.
+        padding = chunk.find(b"=") if not entry.padded else 0
+        if _NOT_BASE64.search(chunk) or (padding >= 0 and chunk[padding:].strip(b"=")):
+            raise InvalidResponse(f"file {entry.name!r} has invalid base64 content")
+        entry.padded = padding >= 0
+        entry.escaped = entry.escaped or b"\\" in chunk
+        entry.chars += len(chunk)
+        entry.tail = (entry.tail + chunk[-2:])[-2:]
+        if entry.mode == _KEEP:
+            entry.content += chunk
+            if len(entry.content) > -(-self._budget // 3) * 4:
+                entry.mode = _HEAD
+                del entry.content[self._head_chars :]
+        elif entry.mode == _HEAD and len(entry.content) < self._head_chars:
+            entry.content += chunk[: self._head_chars - len(entry.content)]
+
+    def _end_string(self) -> None:
+        if self._string_target == "content":
+            entry = self._entries[-1]
+            if entry.chars % 4 and not entry.escaped:
+                raise InvalidResponse(f"file {entry.name!r} has invalid base64 content")
+            if entry.mode == _KEEP:
+                decoded = _decoded_size(entry)
+                if decoded > self._budget:
+                    entry.mode = _HEAD
+                    del entry.content[self._head_chars :]
+                else:
+                    self._budget -= decoded
+        self._string_target = ""
+
+    def _count_text(self, n: int) -> None:
+        self._text += n
+        if self._text > self._max_text:
+            raise InvalidResponse(
+                f"the answer's output and file names are larger than {self._max_text:,} bytes"
+            )
+
+    def _file(self, entry: _Entry) -> File:
+        if entry.path is None:
+            raise InvalidResponse("a file entry lacks a string 'path' or 'content'")
+        path = _decode_string(entry.path)
+        size = entry.size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool)):
+            raise InvalidResponse(f"file {path!r} has an invalid 'size'")
+        raw = bytes(entry.content)
+        if b"\\" in raw:  # escapes: rare in base64 (a JSON encoder may write "\/")
+            raw = _decode_string(raw).encode("ascii", "replace")
+        try:
+            if entry.mode == _HEAD:
+                data = base64.b64decode(raw[: self._head_chars])[: self._wanted.head_bytes]
+            else:
+                data = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidResponse(f"file {path!r} has invalid base64 content") from exc
+        if size is None:  # not sent: what the base64 string decodes to
+            size = len(data) if entry.mode == _KEEP else _decoded_size(entry)
+        sent = len(data) if entry.escaped else max(len(data), _decoded_size(entry))
+        if size < sent:  # more content than the file holds
+            raise InvalidResponse(f"file {path!r} has an invalid 'size'")
+        return File(path, data, size)
+
+
+def _decode_string(raw: bytes | bytearray) -> str:
+    """A JSON string's body (escapes included) as text."""
+    try:
+        text: str = json.loads(b'"' + raw + b'"')
+    except ValueError as exc:
+        raise InvalidResponse(f"the answer is not JSON: {exc}") from None
+    return text
+
+
+def _decoded_size(entry: _Entry) -> int:
+    return max(0, entry.chars * 3 // 4 - entry.tail.count(b"="))
+
+
+def _match_end(pattern: re.Pattern[bytes], data: bytes, i: int) -> int:
+    match = pattern.match(data, i)
+    return i if match is None else match.end()
+
+
+class _SyntaxError(InvalidResponse):
+    """The body is not JSON; :meth:`AnswerReader.feed` words it as ``json`` would."""
+
+
+def _unexpected(char: int) -> _SyntaxError:
+    return _SyntaxError(f"the answer is not JSON: unexpected {chr(char)!r}")

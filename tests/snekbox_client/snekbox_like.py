@@ -1,0 +1,77 @@
+"""The built-in evaluator made to ignore ``content_wanted``, as the real Snekbox does.
+
+Snekbox's request schema ignores unknown fields, so it answers a request carrying
+``content_wanted`` with every file's full content. This serves the real evaluator behind an ASGI
+wrapper that drops the field from each ``POST /eval`` body: the answers are then Snekbox's, with
+all contents, and the client's own reading of them is what is under test.
+
+    python -m tests.snekbox_client.snekbox_like --port 8060 [--host 127.0.0.1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import uvicorn
+
+from evaluator import Evaluator, EvaluatorConfig, create_app
+from snekbox_client import CONTENT_WANTED_FIELD
+
+Scope = dict[str, Any]
+
+
+class IgnoreContentWanted:
+    """An ASGI wrapper removing ``content_wanted`` from request bodies before ``app`` reads them."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, receive, send)  # a disconnect: let the app see it
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and data.pop(CONTENT_WANTED_FIELD, None) is not None:
+            body = bytearray(json.dumps(data).encode())
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app({**scope, "headers": headers}, replay, send)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args()
+    evaluator = Evaluator(EvaluatorConfig(time_limit=args.time_limit, concurrency=2))
+    app = IgnoreContentWanted(create_app(evaluator, manage_evaluator=True))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()
