@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -90,6 +91,8 @@ def sandbox_view(config: EvaluatorConfig) -> SandboxView:
         symlinks=symlinks,
         env=tuple(environment(config).items()),
         shm_size=config.shm_size * MiB,
+        # Tells evaluator instances apart (replicas behind one gateway), and nothing of the host.
+        hostname=f"sandbox-{secrets.token_hex(3)}",
     )
 
 

@@ -66,6 +66,7 @@ class SandboxView:
         symlinks: ``(target, link)`` pairs, e.g. ``("usr/lib", "/lib")``.
         env: The whole environment of the code.
         shm_size: Bytes of ``/dev/shm``.
+        hostname: The host name inside: never the host's.
     """
 
     bwrap: str
@@ -73,6 +74,7 @@ class SandboxView:
     symlinks: tuple[tuple[str, str], ...]
     env: tuple[tuple[str, str], ...]
     shm_size: int
+    hostname: str = "sandbox"
 
     def argv(
         self,
@@ -95,6 +97,7 @@ class SandboxView:
             "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--disable-userns", "--cap-drop", "ALL",
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--hostname", self.hostname,
             "--unshare-cgroup-try",
             "--die-with-parent", "--new-session",
             "--clearenv",

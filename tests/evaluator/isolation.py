@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 from typing import Any
 
 #: Files of /proc that only host root may read.
@@ -45,6 +46,7 @@ for path in ROOT_ONLY:
     except OSError:
         pass
 out["cmdline"] = open("/proc/cmdline").read()
+out["hostname"] = os.uname().nodename
 print(json.dumps(out))
 """.replace("ROOT_ONLY", repr(ROOT_ONLY))
 
@@ -60,6 +62,7 @@ def check_identity(stdout: str) -> None:
     assert out["writable"] == [], out["writable"]
     assert out["readable"] == [], out["readable"]
     assert out["cmdline"] == "", "the host's kernel command line is hidden"
+    assert re.fullmatch(r"sandbox-[0-9a-f]{6}", out["hostname"]), "the host's name is hidden"
 
 
 #: Families a run may not create a socket of, with the protocol tried (raw netlink: audit and
