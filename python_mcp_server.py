@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -26,6 +27,8 @@ import socket
 import struct
 import sys
 import time
+import unicodedata
+import zlib
 from base64 import b64encode
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -52,17 +55,28 @@ from prometheus_client import (
 )
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 import evaluator
 import plotting
+from gateway import (
+    LoopbackGuard,
+    RequestDeadline,
+    SessionTable,
+    SseSessions,
+    StreamableSessions,
+    guarded_protocol,
+)
 from snekbox_client import (
+    ContentWanted,
     EvalResult,
     EvaluatorRejected,
     EvaluatorTimeout,
     EvaluatorUnavailable,
+    File,
     InvalidResponse,
     SnekboxClient,
     SnekboxError,
@@ -122,6 +136,18 @@ class Settings:
     log_code: bool = False
     shutdown_grace: float = 30.0
     evaluator_config: evaluator.EvaluatorConfig = field(default_factory=evaluator.EvaluatorConfig)
+    #: Sessions open at once, both transports; a new one closes the longest idle (gateway.sessions).
+    max_sessions: int = 256
+    #: Seconds a Streamable HTTP session may go without a request before it is closed.
+    session_idle_timeout: float = 600.0
+    #: Seconds a request's headers, then its body, may take to arrive (gateway.serving, .edge).
+    request_timeout: float = 20.0
+    #: Connections open at once; one more is answered 503 (python-mcp-server only).
+    max_connections: int = 512
+    #: Bytes of one serialized tool result at most, images included (MCP clients accept 1 MiB).
+    max_result_bytes: int = 1024 * 1024
+    #: Pixels a side of a figure returned at most (the prelude draws within FIGURE_MAX_PIXELS).
+    max_image_side: int = plotting.FIGURE_MAX_PIXELS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -179,6 +205,10 @@ class Settings:
             raise ValueError(
                 "MCP_MAX_IN_FLIGHT must be >= 1, MCP_MAX_WAITING and MCP_MAX_WAIT >= 0"
             )
+        if self.max_sessions < 1 or self.max_connections < 1:
+            raise ValueError("MCP_MAX_SESSIONS and MCP_MAX_CONNECTIONS must be >= 1")
+        if not (0 < self.session_idle_timeout < math.inf and 0 < self.request_timeout < math.inf):
+            raise ValueError("MCP_SESSION_IDLE_TIMEOUT and MCP_REQUEST_TIMEOUT must be > 0 seconds")
 
     def transport_security(self) -> TransportSecuritySettings:
         """DNS-rebinding protection: loopback Hosts and Origins plus the configured extras."""
@@ -220,6 +250,12 @@ _ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any]]] = {
     "MCP_LOG_LEVEL": ("log_level", str.lower),
     "MCP_LOG_CODE": ("log_code", _flag),
     "MCP_SHUTDOWN_GRACE": ("shutdown_grace", float),
+    "MCP_MAX_SESSIONS": ("max_sessions", int),
+    "MCP_SESSION_IDLE_TIMEOUT": ("session_idle_timeout", float),
+    "MCP_REQUEST_TIMEOUT": ("request_timeout", float),
+    "MCP_MAX_CONNECTIONS": ("max_connections", int),
+    "MCP_MAX_RESULT_BYTES": ("max_result_bytes", int),
+    "MCP_MAX_IMAGE_SIDE": ("max_image_side", int),
 }
 
 
@@ -228,9 +264,25 @@ def _split(value: str) -> tuple[str, ...]:
 
 
 # --- The result the model sees ---------------------------------------------------------------
+#
+# Everything in an evaluation's answer was written by the sandboxed code: its output, the names,
+# sizes and contents of its files, its figures, even the manifest the prelude leaves. So the
+# output is cleaned of everything a terminal would act on, names are quoted with escapes, every
+# PNG is checked before it is forwarded, and the serialized result is measured against
+# ``max_result_bytes`` (see render_result for what gives way, in which order).
 
 Status = Literal[
-    "ok", "error", "exception", "killed", "output_limit", "signal", "sandbox_error", "not_run"
+    "ok",
+    "error",
+    "exception",
+    "killed",
+    "output_limit",
+    "signal",
+    "sandbox_error",
+    "invalid_output",
+    "files_not_collected",
+    "not_run",
+    "evaluator_error",
 ]
 
 
@@ -241,96 +293,538 @@ class ImageInfo(BaseModel):
     size: int = Field(description="PNG size in bytes")
     width: int | None = None
     height: int | None = None
-    returned: bool = Field(description="False when the image budget of the result was used up")
+    returned: bool = Field(description="False when the result does not carry it (see reason)")
+    reason: str | None = Field(default=None, description="why the result does not carry it")
 
 
 class FileInfo(BaseModel):
     """A file the run wrote (other than a figure)."""
 
-    path: str
+    path: str = Field(
+        description="its name, with JSON-style escapes for characters that are not plainly "
+        "visible, shortened in the middle (…) when long"
+    )
     size: int = Field(description="size in bytes")
 
 
 class ExecutionResult(BaseModel):
     """The structured form of a result: the same facts as the text and image content."""
 
-    stdout: str = Field(description="stdout and stderr merged, possibly cut in the middle")
+    stdout: str = Field(
+        description="stdout and stderr merged, control sequences removed, possibly cut in the "
+        "middle; when returncode is null, the evaluator's message instead"
+    )
     stdout_truncated: bool
     returncode: int | None
     status: Status
     message: str = Field(description="the exit status in words")
     images: list[ImageInfo]
-    files: list[FileInfo]
+    images_unlisted: int = Field(default=0, description="figures left out of `images`")
+    files: list[FileInfo] = Field(description="files the result carries, as many as fit")
+    files_unlisted: int = Field(default=0, description="files carried but left out of `files`")
+    files_not_returned: list[FileInfo] = Field(
+        default_factory=list,
+        description="files the run wrote that the evaluator did not return, as the sandbox's "
+        "own list (which the code could alter) names them",
+    )
+    files_not_returned_count: int = Field(
+        default=0, description="how many such files, listed or not (at least)"
+    )
 
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+#: Bytes of ``max_result_bytes`` kept for the JSON-RPC envelope and the SSE framing.
+_ENVELOPE_BYTES = 1024
+#: Characters of output kept, when the result is too big, before figures are left out.
+_OUTPUT_FLOOR = 2000
+#: Entries of one list (figures, files) named at most, and characters of names per list.
+_MAX_LISTED = 100
+_LISTING_CHARS = 6000
+#: Characters of one name, and of an evaluator's message, shown at most (cut in the middle).
+_NAME_CHARS = 160
+_MESSAGE_CHARS = 300
+
+# What a terminal acts on instead of printing (ECMA-48), in 7-bit (ESC ...) and 8-bit (C1)
+# forms. Strings run to their terminator or to the next control character; the possessive
+# quantifiers keep hostile output (introducers without terminators) linear.
+_ESCAPE_SEQUENCE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*+[ -/]*+[@-~]"  # CSI: colours, cursor moves, erasing
+    r"|(?:\x1b\]|\x9d)[^\x07\x1b\x80-\x9f]*+(?:\x07|\x1b\\|\x9c)"  # OSC: titles, links, clipboard
+    r"|(?:\x1b[PX^_]|[\x90\x98\x9e\x9f])[^\x1b\x80-\x9f]*+(?:\x1b\\|\x9c)"  # DCS, SOS, PM, APC
+    r"|\x1b[ -/]*+[0-~]"  # every other escape: intermediates, then one final character
+)
+# Line ends as a reader (and str.splitlines) sees them: a carriage return would let output
+# overwrite itself on a terminal, so each one becomes a newline and nothing is hidden.
+_LINE_BREAK = re.compile(r"\r\n?|[\v\f\x1c-\x1e\x85\u2028\u2029]")
+# Left after those: control characters but tab and newline (a lone ESC, backspace, DEL, C1),
+# bidi embeddings, overrides and isolates (they reorder what a reader sees), tag characters
+# (invisible text).
+_INVISIBLE = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\U000e0000-\U000e007f]"
+)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+# Names are shown in double quotes, JSON-style: a backslash, a quote and every character that is
+# not plainly visible (controls, format characters such as bidi overrides, separators, spaces
+# other than " ", unassigned and private code points, lone surrogates) become escapes, and the
+# ellipsis too, since it marks a shortened name. A name then cannot end its quotes, break a line
+# or change how the text around it reads.
+_NOT_PLAIN = re.compile(r'[^ -~]|["\\]')
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"})
+
+# Valid bit depths of each PNG colour type, and its channels.
+_PNG_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_PNG_CRITICAL = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND"})
+
+# The evaluator's messages when it answers returncode null (Snekbox's wording, which the
+# built-in evaluator shares): those that mean the code ran but its output and files were lost.
+_INVALID_OUTPUT = "UnicodeDecodeError: invalid Unicode in output pipe"
+_FILES_NOT_COLLECTED = re.compile(
+    r"FileParsingError: .*|TimeoutError: Exceeded time limit while parsing attachments", re.DOTALL
+)
+_NOT_RUN = re.compile(
+    r"\w+: Failed to create file '.*'\.|ValueError: embedded null byte", re.DOTALL
+)
 
 
 def render_result(result: EvalResult, *, duration: float, settings: Settings) -> CallToolResult:
-    """Turn an evaluation into what the model reads: text, one image per figure, a file list."""
-    stdout = _ANSI.sub("", result.stdout)
-    shown, truncated = _cut_middle(stdout, settings.max_output_chars)
-    status, message = describe_exit(result.returncode, stdout, duration)
+    """Turn an evaluation into what the model reads: text, one image per figure, file lists.
 
-    figures, others = plotting.split_figures(result.files)
+    The serialized result stays within ``settings.max_result_bytes`` (less room for the
+    envelope). Figures are chosen against a result whose output is cut to
+    :data:`_OUTPUT_FLOOR` characters; then the output gets what is left, up to
+    ``max_output_chars``. Should that not be enough (output made of characters that take 12
+    bytes each once escaped, say), the output is cut down to the floor, then figures are left
+    out from the last, then the output and the lists of names are cut further: each is said in
+    the text.
+    """
+    facts = _Facts.of(result, duration, settings)
+    limit = settings.max_result_bytes - _ENVELOPE_BYTES
+    floor = min(settings.max_output_chars, _OUTPUT_FLOOR)
+    unchosen = {f.file.path: f.problem or _OVER_BUDGET for f in facts.figures}
+    bare = _compose(facts, settings, floor, _LISTING_CHARS, unchosen)
+    reasons = _choose_images(facts.figures, settings, limit - _wire_size(bare))
+    output_chars = min(settings.max_output_chars, len(facts.output))
+    listing_chars = _LISTING_CHARS
+    while True:
+        rendered = _compose(facts, settings, output_chars, listing_chars, reasons)
+        returned = [path for path, reason in reasons.items() if reason is None]
+        if _wire_size(rendered) <= limit:
+            return rendered
+        if output_chars > floor:
+            output_chars = max(floor, output_chars // 2)
+        elif returned:
+            reasons[returned[-1]] = _OVER_BUDGET
+        elif output_chars:
+            output_chars //= 2
+        elif listing_chars:
+            listing_chars //= 2
+        else:  # a budget smaller than a bare status line: nothing more can give way
+            return rendered
+
+
+#: Why a figure that fits every other rule is not in the result.
+_OVER_BUDGET = "over the result's budget for images"
+_LOST = "lost: the run ended while it was being saved"
+_NOT_RETURNED = "not returned by the evaluator, which returns a limited number and size of files"
+
+
+@dataclass(frozen=True)
+class _Figure:
+    """A figure the run drew: its real size, and what bars it from the result.
+
+    ``kind``: ``"figure"`` returned by the evaluator, ``"lost"`` still being saved when the run
+    ended, ``"missing"`` named by the manifest but not returned.
+    """
+
+    file: File
+    width: int | None = None
+    height: int | None = None
+    problem: str | None = None
+    kind: Literal["figure", "lost", "missing"] = "figure"
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What a result says, cleaned and checked, before anything is cut to size."""
+
+    output: str
+    returncode: int | None
+    status: Status
+    message: str
+    figures: list[_Figure]
+    files: list[File]
+    not_returned: list[tuple[str, int]]
+    not_returned_count: int
+    not_returned_exact: bool
+
+    @classmethod
+    def of(cls, result: EvalResult, duration: float, settings: Settings) -> _Facts:
+        output = _clean(result.stdout)
+        status, message = describe_exit(result.returncode, output, duration)
+        files = plotting.sort_files(result.files)
+        figures = [_inspect_figure(f, settings.max_image_side) for f in files.figures]
+        figures += [_Figure(f, problem=_LOST, kind="lost") for f in files.lost_figures]
+        not_returned: list[tuple[str, int]] = []
+        count, exact = 0, True
+        if files.manifest is not None:
+            returned = {f.path for f in result.files}
+            listed = {path for path, _ in files.manifest.files}
+            for path, size in files.manifest.files:
+                if path in returned:
+                    continue
+                if plotting.is_figure(path):
+                    missing = File(path, b"", size)
+                    figures.append(_Figure(missing, problem=_NOT_RETURNED, kind="missing"))
+                else:
+                    not_returned.append((path, size))
+            # Of the files the manifest counts but does not name, those returned are among the
+            # returned files it does not name.
+            unnamed = files.manifest.total - len(files.manifest.files)
+            returned_unnamed = len(returned - listed - {plotting.MANIFEST_NAME})
+            count = len(not_returned) + max(0, unnamed - returned_unnamed)
+            exact = files.manifest.complete
+        figures.sort(key=lambda f: plotting.figure_number(f.file.path))
+        return cls(
+            output,
+            result.returncode,
+            status,
+            message,
+            figures,
+            files.others,
+            not_returned,
+            count,
+            exact,
+        )
+
+
+def _compose(
+    facts: _Facts,
+    settings: Settings,
+    output_chars: int,
+    listing_chars: int,
+    reasons: Mapping[str, str | None],
+) -> CallToolResult:
+    """The result, with the output cut to ``output_chars`` and figures returned as ``reasons``
+    says (``None``: returned, else why not)."""
+    shown, truncated = _cut_middle(facts.output, output_chars)
+    # The output comes first (the README promises output, then the status), so it cannot be
+    # fenced from above without moving it; instead a closing line the output does not contain
+    # ends it, and only the gateway writes after that line: output that imitates the
+    # gateway's lines stays above it, and names below it are quoted.
+    if facts.returncode is not None and shown.strip():
+        region = shown.rstrip("\n")
+        lines = [region, _end_of_output(region, truncated)]
+    else:
+        lines = ["(no output)"]
+    lines.append(f"[{facts.message}]")
+
     images: list[ImageInfo] = []
-    image_blocks: list[ContentBlock] = []
-    budget = settings.max_image_bytes
-    for figure in figures:
-        width, height = _png_size(figure.content)
-        fits = len(image_blocks) < settings.max_images and figure.size <= budget
-        if fits and width is not None:
-            budget -= figure.size
-            image_blocks.append(
-                ImageContent(
-                    type="image",
-                    data=b64encode(figure.content).decode("ascii"),
-                    mime_type="image/png",
-                )
-            )
+    blocks: list[ContentBlock] = []
+    over_budget: list[str] = []
+    unfit: list[str] = []
+    lost: list[str] = []
+    missing: list[str] = []
+    for figure in facts.figures:
+        file = figure.file
+        reason = reasons.get(file.path, figure.problem)
+        if reason is None:
+            data = b64encode(file.content).decode("ascii")
+            blocks.append(ImageContent(type="image", data=data, mime_type="image/png"))
+        path = _name(file.path)  # a figure's name is ASCII, but its digits are many or few
+        entry = f"{path} ({file.size:,} bytes)"
+        if figure.kind == "lost":
+            lost.append(entry)
+        elif figure.kind == "missing":
+            missing.append(entry)
+        elif reason == _OVER_BUDGET:
+            over_budget.append(entry)
+        elif reason is not None:
+            unfit.append(f"{entry}: {reason}")
         images.append(
             ImageInfo(
-                path=figure.path,
-                size=figure.size,
-                width=width,
-                height=height,
-                returned=fits and width is not None,
+                path=path,
+                size=file.size,
+                width=figure.width,
+                height=figure.height,
+                returned=reason is None,
+                reason=reason,
             )
         )
-
-    lines = [shown.rstrip("\n")] if shown.strip() else ["(no output)"]
-    lines.append(f"[{message}]")
-    dropped = [i for i in images if not i.returned]
-    if dropped:
-        names = ", ".join(f"{i.path} ({i.size:,} bytes)" for i in dropped)
+    total = len(facts.figures)
+    if over_budget:
         lines.append(
-            f"[{len(dropped)} of {len(images)} figures not returned: {names}; a result holds at "
-            f"most {settings.max_images} images and {settings.max_image_bytes:,} bytes of PNG. "
-            "Draw fewer or smaller figures (figsize, dpi) to see them.]"
+            f"[{len(over_budget)} of {total} figures not returned: "
+            f"{_listing(over_budget, listing_chars)}; a result holds at most "
+            f"{settings.max_images} images and {settings.max_image_bytes:,} bytes of PNG, and "
+            f"{settings.max_result_bytes:,} bytes in all. Draw fewer or smaller figures "
+            "(figsize, dpi) to see them.]"
         )
-    if others:
-        listing = ", ".join(f"{f.path} ({f.size:,} bytes)" for f in others)
-        lines.append(f"[files written: {listing}]")
+    if unfit:
+        lines.append(
+            f"[{len(unfit)} of {total} figures not returned, being unfit to show: "
+            f"{_listing(unfit, listing_chars, '; ')}]"
+        )
+    if lost:
+        lines.append(
+            f"[{len(lost)} of {total} figures lost, still being saved when the run ended: "
+            f"{_listing(lost, listing_chars)}]"
+        )
+    if missing:
+        lines.append(
+            f"[{len(missing)} of {total} figures {_NOT_RETURNED} (so says the sandbox's own "
+            f"list): {_listing(missing, listing_chars)}]"
+        )
+
+    files = [FileInfo(path=_name(f.path), size=f.size) for f in facts.files]
+    listed = _fitting([f'"{f.path}" ({f.size:,} bytes)' for f in files], listing_chars)
+    if files:
+        lines.append(f"[files written: {_listing(listed, listing_chars, total=len(files))}]")
+    absent = [FileInfo(path=_name(path), size=size) for path, size in facts.not_returned]
+    named = _fitting([f'"{f.path}" ({f.size:,} bytes)' for f in absent], listing_chars)
+    if facts.not_returned_count:
+        at_least = "" if facts.not_returned_exact else "at least "
+        lines.append(
+            f"[{at_least}{facts.not_returned_count:,} more files written but not returned by "
+            "the evaluator, which returns a limited number and size of files (so says the "
+            "sandbox's own list): "
+            f"{_listing(named, listing_chars, total=facts.not_returned_count)}]"
+        )
 
     structured = ExecutionResult(
         stdout=shown,
         stdout_truncated=truncated,
-        returncode=result.returncode,
-        status=status,
-        message=message,
-        images=images,
-        files=[FileInfo(path=f.path, size=f.size) for f in others],
+        returncode=facts.returncode,
+        status=facts.status,
+        message=facts.message,
+        images=images[:_MAX_LISTED],
+        images_unlisted=max(0, len(images) - _MAX_LISTED),
+        files=files[: len(listed)],
+        files_unlisted=len(files) - len(listed),
+        files_not_returned=absent[: len(named)],
+        files_not_returned_count=facts.not_returned_count,
     )
     return CallToolResult(
-        content=[TextContent(type="text", text="\n".join(lines)), *image_blocks],
+        content=[TextContent(type="text", text="\n".join(lines)), *blocks],
         structured_content=structured.model_dump(mode="json"),
     )
 
 
+def _wire_size(result: CallToolResult) -> int:
+    """Bytes of ``result`` as the SDK sends it, every non-ASCII character escaped (the most)."""
+    return len(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True)))
+
+
+def _choose_images(
+    figures: Sequence[_Figure], settings: Settings, room: int
+) -> dict[str, str | None]:
+    """Which figures the result carries (``None``), in drawing order, and why not the others."""
+    reasons: dict[str, str | None] = {}
+    count, png_bytes = 0, settings.max_image_bytes
+    for figure in figures:
+        file = figure.file
+        reason = figure.problem
+        # A base64 string in an image block: 4 characters per 3 bytes, plus the block's keys.
+        block = 4 * -(-file.size // 3) + 80
+        if reason is None:
+            if (
+                not file.complete
+                or count >= settings.max_images
+                or file.size > png_bytes
+                or block > room
+            ):
+                reason = _OVER_BUDGET
+            else:
+                reason = _png_defect(file.content)
+        if reason is None:
+            count, png_bytes, room = count + 1, png_bytes - file.size, room - block
+        reasons[file.path] = reason
+    return reasons
+
+
+def _fitting(entries: Sequence[str], chars: int) -> list[str]:
+    """The first ``entries`` (at most :data:`_MAX_LISTED`) that fit in ``chars`` characters."""
+    fitting: list[str] = []
+    for entry in entries[:_MAX_LISTED]:
+        chars -= len(entry) + 2
+        if chars < 0:
+            break
+        fitting.append(entry)
+    return fitting
+
+
+def _listing(
+    entries: Sequence[str], chars: int, separator: str = ", ", *, total: int | None = None
+) -> str:
+    """``entries`` joined, as many as fit in ``chars``, then how many of ``total`` are left out."""
+    shown = _fitting(entries, chars)
+    left_out = (len(entries) if total is None else total) - len(shown)
+    text = separator.join(shown)
+    if left_out:
+        text += f"{separator if shown else ''}{left_out:,} more not listed"
+    return text
+
+
+def _end_of_output(region: str, truncated: bool) -> str:
+    """The line that closes the output: worded (numbered) so that the output does not hold it."""
+    tag, number = "", 1
+    while f"[end of output{tag}" in region:
+        number += 1
+        tag = f" #{number}"
+    return f"[end of output{tag}{'; it was cut in the middle' if truncated else ''}]"
+
+
+def _clean(text: str) -> str:
+    """``text`` as plain lines: no terminal control sequence, no control but tab and newline."""
+    text = _ESCAPE_SEQUENCE.sub("", text)
+    text = _LINE_BREAK.sub("\n", text)
+    text = _INVISIBLE.sub("", text)
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _name(text: str, limit: int = _NAME_CHARS) -> str:
+    """``text`` escaped as inside a JSON string (see :data:`_NOT_PLAIN`), in at most about
+    ``limit`` characters: a longer one keeps its start and end around an ellipsis."""
+    if len(text) <= limit and len(escaped := _escape(text)) <= limit:
+        return escaped
+    head = _escaped_within(text, limit // 2)
+    tail = _escaped_within(text[::-1], limit // 2)
+    return "".join(head) + "…" + "".join(reversed(tail))
+
+
+def _escaped_within(text: str, limit: int) -> list[str]:
+    """The escaped forms of the first characters of ``text``, while they fit in ``limit``."""
+    parts: list[str] = []
+    for char in text:
+        part = _escape(char)
+        limit -= len(part)
+        if limit < 0:
+            break
+        parts.append(part)
+    return parts
+
+
+def _escape(text: str) -> str:
+    return _NOT_PLAIN.sub(_escape_character, text)
+
+
+def _escape_character(match: re.Match[str]) -> str:
+    char = match[0]
+    if char in _SHORT_ESCAPES:
+        return _SHORT_ESCAPES[char]
+    if char != "…" and unicodedata.category(char) not in _HIDDEN:
+        return char
+    units = char.encode("utf-16-be", "surrogatepass")
+    return "".join(f"\\u{units[i]:02x}{units[i + 1]:02x}" for i in range(0, len(units), 2))
+
+
+def _inspect_figure(file: File, max_side: int) -> _Figure:
+    """A figure's real size from its IHDR chunk, and what bars it from the result, if anything.
+
+    Checked: the chunk's length (13) and checksum, values the PNG format allows, each side
+    against ``max_side``, and the bytes the pixels take once decoded against a ``max_side``
+    square of 8-bit RGBA: what a client would have to decode stays bounded.
+    """
+    data = file.content
+    if not file.complete:  # over the image budget, only its head came back: the size it claims
+        if len(data) >= 24 and data[12:16] == b"IHDR":
+            width, height = struct.unpack_from(">II", data, 16)
+            return _Figure(file, width, height)
+        return _Figure(file)
+    if len(data) < 33:
+        return _Figure(file, problem="not a valid PNG: it ends within its header")
+    length, kind = struct.unpack_from(">I4s", data, 8)
+    if (length, kind) != (13, b"IHDR"):
+        return _Figure(file, problem="not a valid PNG: its first chunk is not a 13-byte IHDR")
+    if zlib.crc32(data[12:29]) != struct.unpack_from(">I", data, 29)[0]:
+        return _Figure(file, problem="not a valid PNG: its header fails its checksum")
+    width, height, depth, colour, compression, filtering, interlace = struct.unpack_from(
+        ">IIBBBBB", data, 16
+    )
+    if (
+        not (0 < width < 2**31 and 0 < height < 2**31)
+        or depth not in _PNG_DEPTHS.get(colour, ())
+        or (compression, filtering) != (0, 0)
+        or interlace > 1
+    ):
+        return _Figure(file, problem="not a valid PNG: its header holds impossible values")
+    if width > max_side or height > max_side:
+        return _Figure(
+            file,
+            width,
+            height,
+            f"{width:,} x {height:,} pixels, over the limit of {max_side:,} pixels a side",
+        )
+    decoded = width * height * -(-_PNG_CHANNELS[colour] * depth // 8)
+    if decoded > max_side * max_side * 4:
+        return _Figure(
+            file,
+            width,
+            height,
+            f"{decoded:,} bytes once decoded, over the limit of {max_side * max_side * 4:,}",
+        )
+    return _Figure(file, width, height)
+
+
+def _png_defect(data: bytes) -> str | None:
+    """What makes a PNG with a sound header unfit to forward, or ``None``: every chunk is read.
+
+    Each chunk must fit in the file and pass its checksum; an unknown critical chunk, an animation
+    (APNG: every frame would be decoded), no image data, a missing end or bytes after it are
+    refused.
+    """
+    view = memoryview(data)
+    offset, has_data = 8, False
+    while offset + 12 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, offset)
+        end = offset + 12 + length
+        if end > len(data):
+            return "not a valid PNG: a chunk runs past the end of the file"
+        if not kind.isalpha():
+            return "not a valid PNG: a chunk has an invalid type"
+        if zlib.crc32(view[offset + 4 : end - 4]) != struct.unpack_from(">I", data, end - 4)[0]:
+            return "not a valid PNG: a chunk fails its checksum"
+        if kind == b"acTL":
+            return "an animated PNG: only still images are returned"
+        if kind[:1].isupper() and kind not in _PNG_CRITICAL:
+            return "not a valid PNG: it has an unknown critical chunk"
+        has_data = has_data or kind == b"IDAT"
+        offset = end
+        if kind == b"IEND":
+            if offset != len(data):
+                return "not a valid PNG: bytes follow its end"
+            return None if has_data else "not a valid PNG: it holds no image data"
+    return "not a valid PNG: it is cut short (no IEND chunk)"
+
+
 def describe_exit(returncode: int | None, stdout: str, duration: float) -> tuple[Status, str]:
-    """Say in words how a run ended: the status line of every result."""
+    """Say in words how a run ended: the status line of every result.
+
+    With ``returncode`` ``None``, ``stdout`` is the evaluator's message: it tells whether the
+    code ran (its output and files then lost) or not, and an unknown message says neither.
+    """
     if returncode is None:
-        return "not_run", "the evaluator could not run the code; its message is above"
+        quoted = f'"{_name(stdout.strip(), _MESSAGE_CHARS)}"'
+        if stdout == _INVALID_OUTPUT:
+            return "invalid_output", (
+                "the code ran, but it wrote bytes that are not UTF-8 straight to a file "
+                "descriptor (os.write, a subprocess, C code), so the evaluator discarded all of "
+                f"its output and files (its message: {quoted}). Write text through print() or "
+                "sys.stdout, or decode bytes first (data.decode('utf-8', 'replace'))"
+            )
+        if _FILES_NOT_COLLECTED.fullmatch(stdout):
+            return "files_not_collected", (
+                "the code ran, but the evaluator could not collect the files it wrote, so it "
+                f"discarded all of its output and files (its message: {quoted}). Write fewer "
+                "files, in fewer directory levels, with UTF-8 names"
+            )
+        if _NOT_RUN.fullmatch(stdout):
+            return "not_run", f"the evaluator could not run the code (its message: {quoted})"
+        return "evaluator_error", (
+            f"the evaluator answered with an error instead of a result (its message: {quoted}); "
+            "whether the code ran is not known"
+        )
     if returncode == 0:
         return "ok", "exit code 0: ok"
     if returncode == 137:
@@ -378,13 +872,6 @@ def _cut_middle(text: str, limit: int) -> tuple[str, bool]:
         f"the first {len(head):,} and the last {len(tail):,} are shown ...]\n"
     )
     return head + note + tail, True
-
-
-def _png_size(data: bytes) -> tuple[int | None, int | None]:
-    if len(data) < 24 or data[12:16] != b"IHDR":
-        return None, None
-    width, height = struct.unpack(">II", data[16:24])
-    return width, height
 
 
 # --- Admission and metrics --------------------------------------------------------------------
@@ -542,11 +1029,17 @@ class Gateway:
             "- Every call starts from scratch: no variables, imports or files carry over.\n"
             "- Preinstalled: numpy, pandas, matplotlib and the standard library. There is no "
             "network access, so pip install and downloads do not work.\n"
-            "- The result is stdout and stderr together, in order, followed by the exit status "
-            "in words. Print what you want to see: a bare expression is not echoed.\n"
+            "- The result is stdout and stderr together, in order (terminal control sequences "
+            "removed), then a line [end of output] (numbered, [end of output #2], if the output "
+            "holds that text), then the gateway's own lines: the exit status in words, figures "
+            "not returned, files written. Print what you want to see: a bare expression is not "
+            "echoed. Output must be UTF-8: bytes that are not, written straight to a file "
+            "descriptor, lose the whole output.\n"
             "- Figures: every matplotlib figure comes back as a PNG image, in drawing order, with "
-            "no extra step: plt.show() or simply leaving the figure open is enough.\n"
-            "- Files the code writes in its working directory are listed with their sizes.\n"
+            "no extra step: plt.show() or simply leaving the figure open is enough. At most "
+            f"{self.settings.max_image_side:,} pixels a side are returned.\n"
+            "- Files the code writes in its working directory are listed with their sizes, "
+            "their names in double quotes with JSON-style escapes.\n"
             f"- {limits} Output longer than {self.settings.max_output_chars:,} characters is cut "
             "in the middle, keeping its start and end."
         )
@@ -618,7 +1111,14 @@ class Gateway:
             )
         try:
             async with self.admission.slot():
-                return await self.client.eval(plotting.build_request(code))
+                # Only figures' contents come back (bounded); other files: names and sizes.
+                wanted = ContentWanted(
+                    _FIGURES,
+                    self.settings.max_image_bytes + plotting.MANIFEST_MAX_BYTES,
+                    _PNG_HEAD_BYTES,
+                )
+                request = replace(plotting.build_request(code), content_wanted=wanted)
+                return await self.client.eval(request)
         except Busy as exc:
             raise _ServiceFailure(
                 "busy",
@@ -659,6 +1159,12 @@ class _ServiceFailure(Exception):
         self.kind = kind
         self.message = message
 
+
+#: The files whose contents an evaluation returns (a superset of plotting.FIGURE_PATTERN's
+#: names, and the prelude's manifest), and how much of a figure beyond the image budget: a
+#: PNG's signature and size.
+_FIGURES = ("figure_[0-9][0-9][0-9]*.png", plotting.MANIFEST_NAME)
+_PNG_HEAD_BYTES = 24
 
 _ERROR_KINDS: dict[type[SnekboxError], str] = {
     EvaluatorUnavailable: "unavailable",
@@ -786,8 +1292,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
     body_limit = settings.max_request_bytes
     sse = server.sse_app(transport_security=security, max_request_body_size=body_limit)
     streamable = server.streamable_http_app(
-        transport_security=security, max_request_body_size=body_limit
+        transport_security=security,
+        max_request_body_size=body_limit,
+        session_idle_timeout=settings.session_idle_timeout,
+        # A backstop only: the table below keeps the count, closing idle sessions.
+        max_sessions=2 * settings.max_sessions,
     )
+    sessions = SessionTable(settings.max_sessions, registry=gateway.metrics.registry)
+    StreamableSessions.install(server.session_manager, sessions)
 
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
@@ -813,10 +1325,18 @@ def create_app(settings: Settings | None = None) -> Starlette:
         *sse.routes,
         *streamable.routes,
     ]
+    middleware = [Middleware(RequestDeadline, timeout=settings.request_timeout)]
+    if not settings.auth_token and not settings.allow_unauthenticated:
+        middleware.append(Middleware(LoopbackGuard, open_paths=_OPEN_PATHS))
     # Both sub-apps carry the same authentication middleware (none without a token).
-    app = Starlette(routes=routes, middleware=streamable.user_middleware, lifespan=lifespan)
+    middleware += [*streamable.user_middleware, Middleware(SseSessions, table=sessions)]
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.gateway = gateway
     return app
+
+
+#: Routes that need no token and are served to any address: they reveal nothing secret.
+_OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 
 
 def __getattr__(name: str) -> Any:
@@ -932,6 +1452,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=settings.log_level,
         # After the drain, what remains are idle streams: close them promptly.
         timeout_graceful_shutdown=2,
+        http=guarded_protocol(
+            header_timeout=settings.request_timeout, max_connections=settings.max_connections
+        ),
     )
     DrainingServer(config, app.state.gateway, settings.shutdown_grace).run()
 

@@ -3,10 +3,10 @@
 The gateway does not send the user's code as ``python -c code``: it sends three files and runs
 the first, which runs the code::
 
-    from plotting import build_request, split_figures
+    from plotting import build_request, sort_files
 
     result = await client.eval(build_request("import matplotlib.pyplot as plt; plt.plot([1, 2])"))
-    figures, other_files = split_figures(result.files)  # figure_001.png, ... in drawing order
+    files = sort_files(result.files)  # files.figures: figure_001.png, ... in drawing order
 
 Inside the sandbox the prelude (:data:`PRELUDE_NAME`, from ``_prelude.py``) reads the code from
 :data:`CODE_NAME` and its support module from :data:`SUPPORT_NAME` (``_support.py``, compiled
@@ -16,19 +16,32 @@ numbers, ``sys.exit(n)`` exits with n and an uncaught exception with 1. Every ma
 shown with ``plt.show()`` or still open at the end becomes ``figure_NNN.png`` in the working
 directory (NNN = 001, 002, ... in drawing order; a name that already exists is skipped, so a
 user's file is never overwritten) at :data:`FIGURE_DPI`, lowered so that no side exceeds
-:data:`FIGURE_MAX_PIXELS`. The helper files' names start with ``_``, so Snekbox never returns
-them; figure names do not, so it does.
+:data:`FIGURE_MAX_PIXELS`; while it is being saved it is ``figure_NNN.png.part``. The helper
+files' names start with ``_``, so Snekbox never returns them; figure names do not, so it does.
+
+What the run writes to ``sys.stdout`` and ``sys.stderr`` (their ``buffer`` included) reaches the
+evaluator as UTF-8, what had to be replaced being said in a note at the end of the output. A run
+that left files ends by writing :data:`MANIFEST_NAME`, the list of the files the evaluator should
+return; :func:`sort_files` reads it. Everything the run leaves, that list included, is written
+by code the user controls: :func:`read_manifest` treats it as hostile.
 """
 
 import functools
 import importlib.resources
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from snekbox_client import EvalRequest, File
 
 from ._prelude import CODE_FILENAME, CODE_NAME, SUPPORT_NAME
-from ._support import FIGURE_DPI, FIGURE_MAX_PIXELS
+from ._support import (
+    FIGURE_DPI,
+    FIGURE_MAX_PIXELS,
+    MANIFEST_MAX_BYTES,
+    MANIFEST_NAME,
+    PARTIAL_SUFFIX,
+)
 
 __all__ = [
     "CODE_FILENAME",
@@ -36,22 +49,33 @@ __all__ = [
     "FIGURE_DPI",
     "FIGURE_MAX_PIXELS",
     "FIGURE_PATTERN",
+    "LOST_FIGURE_PATTERN",
+    "MANIFEST_MAX_BYTES",
+    "MANIFEST_NAME",
     "PNG_SIGNATURE",
     "PRELUDE_NAME",
     "SUPPORT_NAME",
+    "Manifest",
+    "ReturnedFiles",
     "build_request",
     "figure_number",
     "is_figure",
     "prelude_files",
-    "split_figures",
+    "read_manifest",
+    "sort_files",
 ]
 
 #: The name the prelude travels under, and the interpreter's only argument.
 PRELUDE_NAME = "_mcp_prelude.py"
-#: Names of the figures the prelude captures; group 1 is the figure's number.
-FIGURE_PATTERN = re.compile(r"figure_(\d{3,})\.png")
+#: Names of the figures the prelude captures; group 1 is the figure's number (ASCII digits).
+FIGURE_PATTERN = re.compile(r"figure_([0-9]{3,})\.png")
+#: Names of figures still being saved: left over when a run ended during a save.
+LOST_FIGURE_PATTERN = re.compile(r"figure_([0-9]{3,})\.png" + re.escape(PARTIAL_SUFFIX))
 #: The first bytes of every PNG file.
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+_MANIFEST_HEADER = re.compile(rb"mcp-manifest 1 ([0-9]{1,12}) ([01])\n")
+_MANIFEST_RECORD = re.compile(rb"([0-9]{1,20}) (.+)", re.DOTALL)
 
 
 @functools.cache
@@ -88,27 +112,94 @@ def is_figure(path: str) -> bool:
 
 
 def figure_number(path: str) -> int:
-    """The drawing-order number of a captured figure's path (``figure_012.png`` -> 12).
+    """The drawing-order number of a captured (or lost) figure's path (``figure_012.png`` -> 12).
 
     Raises:
-        ValueError: ``path`` is not a figure's name.
+        ValueError: ``path`` is not a figure's name, nor a lost figure's.
     """
-    match = FIGURE_PATTERN.fullmatch(path)
+    match = FIGURE_PATTERN.fullmatch(path) or LOST_FIGURE_PATTERN.fullmatch(path)
     if match is None:
         raise ValueError(f"{path!r} is not the name of a captured figure")
     return int(match.group(1))
 
 
-def split_figures(files: Iterable[File]) -> tuple[list[File], list[File]]:
-    """Split returned files into captured figures, in drawing order, and all other files.
+@dataclass(frozen=True)
+class Manifest:
+    """The run's own list of the files it left: what the prelude wrote, or what the code forged.
 
-    A figure is a file with a figure's name whose content is a PNG; a file the user named
-    ``figure_001.png`` that holds something else stays among the other files.
+    ``files`` holds ``(path, size)`` pairs, as many as fit in :data:`MANIFEST_MAX_BYTES`;
+    ``total`` counts every file found, and ``complete`` says whether the walk over the working
+    directory saw all of it (when not, ``total`` is a lower bound).
     """
+
+    files: tuple[tuple[str, int], ...]
+    total: int
+    complete: bool
+
+
+def read_manifest(data: bytes) -> Manifest | None:
+    """Parse a manifest; ``None`` for anything but a well-formed one within its size bound.
+
+    Paths that are not UTF-8 are decoded with U+FFFD; nothing else is checked about them, since
+    they are only ever shown (escaped) to the model.
+    """
+    if len(data) > MANIFEST_MAX_BYTES:
+        return None
+    header = _MANIFEST_HEADER.match(data)
+    if header is None:
+        return None
+    records = data[header.end() :].split(b"\0")
+    if records.pop() != b"":  # every record ends with a NUL
+        return None
+    files = []
+    for record in records:
+        match = _MANIFEST_RECORD.fullmatch(record)
+        if match is None:
+            return None
+        files.append((match[2].decode("utf-8", "replace"), int(match[1])))
+    total = int(header[1])
+    if total < len(files):
+        return None
+    return Manifest(tuple(files), total, header[2] == b"1")
+
+
+@dataclass(frozen=True)
+class ReturnedFiles:
+    """The files of a result, sorted by what they are.
+
+    ``figures``: files with a figure's name whose content starts as a PNG, in drawing order (a
+    file the user named ``figure_001.png`` that holds something else is among ``others``).
+    ``lost_figures``: ``figure_NNN.png.part`` files whose figure did not come back, in drawing
+    order: the run ended while saving them (a ``.part`` beside its complete figure, left when the
+    run ended between the two steps of giving the figure its name, is dropped). ``manifest``: the
+    parsed :data:`MANIFEST_NAME`, ``None`` when absent, malformed or returned without its whole
+    content; the file itself is never among the others.
+    """
+
+    figures: list[File]
+    lost_figures: list[File]
+    manifest: Manifest | None
+    others: list[File]
+
+
+def sort_files(files: Iterable[File]) -> ReturnedFiles:
+    """Sort a result's files into figures, lost figures, the manifest and the user's files."""
+    files = list(files)
+    paths = {file.path for file in files}
     figures: list[File] = []
+    lost: list[File] = []
     others: list[File] = []
+    manifest = None
     for file in files:
-        is_png = file.content.startswith(PNG_SIGNATURE)
-        (figures if is_png and is_figure(file.path) else others).append(file)
+        if file.path == MANIFEST_NAME:
+            manifest = read_manifest(file.content) if file.complete else None
+        elif is_figure(file.path) and file.content.startswith(PNG_SIGNATURE):
+            figures.append(file)
+        elif LOST_FIGURE_PATTERN.fullmatch(file.path):
+            if file.path.removesuffix(PARTIAL_SUFFIX) not in paths:
+                lost.append(file)
+        else:
+            others.append(file)
     figures.sort(key=lambda f: figure_number(f.path))
-    return figures, others
+    lost.sort(key=lambda f: figure_number(f.path))
+    return ReturnedFiles(figures, lost, manifest, others)

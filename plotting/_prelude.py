@@ -3,12 +3,19 @@
 Every run pays for compiling this file (a script has no cached bytecode), so it holds only what
 every run needs and imports nothing a bare interpreter has not loaded. The rest is in the support
 module (``_support.py``), compiled only when a run needs it. Standard-library only.
+
+Output: the evaluator discards the whole output (and the files) of a run that wrote one byte that
+is not UTF-8, so ``sys.stdout`` and ``sys.stderr`` are replaced, before the user's code runs, by
+streams that write only UTF-8 (see :class:`_Stream`); what had to be replaced is said once, in a
+note at the end of the output.
 """
 
 # contextlib is not loaded at interpreter startup; importing it would cost every run.
 # ruff: noqa: SIM105
 
 import builtins
+import codecs
+import io
 import os
 import sys
 
@@ -25,16 +32,23 @@ CODE_FILENAME = "<string>"
 # Imports handed to the support module (see its find_spec()); all others cost one set lookup.
 WATCHED_IMPORTS = frozenset({"_mcp_backend", "matplotlib", "matplotlib.pyplot", "linecache"})
 
+#: The error handler of the guarded standard streams (see _replace()).
+ERRORS = "mcp-replace"
+
 # Set by main().
 _self: object = None
 _workdir = ""
 _source = b""
 _support_source = b""
+# The guarded sys.stdout and sys.stderr, and how many characters or bytes they had to replace.
+_guarded: "list[_Stream]" = []
+_replaced = 0
 
 
 def main() -> None:
     """Run the user's code as ``__main__``; exit the way ``python`` would have."""
     global _self, _workdir, _source, _support_source
+    _guard_streams()
     _self, _workdir = sys.modules[__name__], os.getcwd()
     with open(CODE_NAME, "rb") as f:
         _source = f.read()
@@ -45,6 +59,8 @@ def main() -> None:
             os.remove(name)
         except OSError:
             pass
+    if _has_files():  # files were sent in: the manifest leaves out those the code leaves alone
+        _support().note_inputs()
     sys.meta_path.insert(0, _self)  # this module is the finder: see find_spec()
     if "linecache" in sys.modules:  # a .pth file loaded it already
         _support().register_source(sys.modules["linecache"])
@@ -70,6 +86,9 @@ def main() -> None:
         interrupted = isinstance(exc, KeyboardInterrupt)
     if "matplotlib._pylab_helpers" in sys.modules:  # pyplot was imported: figures may be open
         _support().capture_open_figures()
+    if _has_files():
+        _support().write_manifest()
+    _finish_streams()
     if interrupted:
         _support().die_of_sigint()
     if status is not None:
@@ -87,6 +106,97 @@ def find_spec(
     if fullname in WATCHED_IMPORTS:
         return _support().find_spec(_self, fullname, path, target)  # type: ignore[no-any-return]
     return None
+
+
+def _has_files() -> bool:
+    try:
+        return bool(os.listdir(_workdir))
+    except OSError:
+        return False
+
+
+def _replace(error: UnicodeError) -> tuple[str | bytes, int]:
+    """The guarded streams' error handler: U+FFFD for what is not UTF-8, counted for the note."""
+    global _replaced
+    if isinstance(error, UnicodeDecodeError):  # bytes that are not UTF-8: one mark per sequence
+        _replaced += 1
+        return "\ufffd", error.end
+    if isinstance(error, UnicodeEncodeError):  # lone surrogates: one mark per character
+        _replaced += error.end - error.start
+        # Bytes: the UTF-8 encoder takes only ASCII text from an error handler.
+        return b"\xef\xbf\xbd" * (error.end - error.start), error.end
+    raise error
+
+
+class _Stream(io.TextIOWrapper):
+    """A standard stream that writes only UTF-8, whatever the code writes through it.
+
+    Text is encoded as UTF-8 with :data:`ERRORS` (stdout) or ``backslashreplace`` (stderr, as
+    Python's own), and ``reconfigure()`` keeps both. ``buffer`` and ``detach()`` give the
+    support module's ``CheckedBytes``, which replaces bytes that are not UTF-8 (built on first
+    use). Only a write to the file descriptor itself (``os.write``, a subprocess, C code) escapes.
+    """
+
+    _mcp_checked: "io.BufferedIOBase | None" = None
+
+    @property
+    def buffer(self) -> "io.BufferedIOBase":  # type: ignore[override]
+        if self._mcp_checked is None:
+            self._mcp_checked = _support().CheckedBytes(self, super().buffer)
+        return self._mcp_checked
+
+    def detach(self) -> "io.BufferedIOBase":  # type: ignore[override]
+        checked = self.buffer
+        super().detach()
+        return checked
+
+    def reconfigure(self, **options: object) -> None:
+        # Another encoding or error handler (surrogateescape) could write bytes that are not UTF-8.
+        options.pop("encoding", None)
+        options.pop("errors", None)
+        super().reconfigure(**options)  # type: ignore[arg-type]
+
+
+def _guard_streams() -> None:
+    """Replace sys.stdout and sys.stderr (and their ``__`` twins) with :class:`_Stream` s."""
+    codecs.register_error(ERRORS, _replace)
+    for name, errors in (("stdout", ERRORS), ("stderr", "backslashreplace")):
+        stream = getattr(sys, name)
+        if type(stream) is not io.TextIOWrapper:  # no such stream (a closed descriptor)
+            continue
+        try:
+            line_buffering, write_through = stream.line_buffering, stream.write_through
+            stream.flush()
+            guarded = _Stream(stream.detach(), "utf-8", errors, "\n", line_buffering, write_through)
+        except Exception:
+            continue
+        _guarded.append(guarded)
+        setattr(sys, name, guarded)
+        setattr(sys, f"__{name}__", guarded)
+
+
+def _finish_streams() -> None:
+    """Write out what is pending, then say once whether anything was replaced."""
+    for stream in (sys.stdout, sys.stderr, *_guarded):  # the code may have wrapped them anew
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    for stream in _guarded:
+        try:
+            if stream._mcp_checked is not None:
+                stream._mcp_checked.finish()  # type: ignore[attr-defined]
+        except Exception:
+            pass
+    if _replaced and _guarded:
+        try:  # on stderr, after the output (flushed above)
+            _guarded[-1].write(
+                f"[{_replaced:,} character(s) or byte(s) of the output were not valid UTF-8 "
+                "and were replaced with U+FFFD]\n"
+            )
+            _guarded[-1].flush()
+        except Exception:
+            pass
 
 
 def _support() -> "ModuleType":

@@ -1,16 +1,23 @@
-"""What the prelude needs only sometimes: tracebacks, import hooks, figures as PNG files.
+"""What the prelude needs only sometimes: tracebacks, import hooks, figures, files, bytes.
 
 It travels as ``_mcp_support.py``; the prelude reads it at startup and compiles it, as the module
-``_mcp_support``, the first time a run needs it: an uncaught exception, a syntax error, or the
-user's code importing matplotlib or ``linecache``. Standard-library only; matplotlib is imported
-only here, and only once the user's code has imported it.
+``_mcp_support``, the first time a run needs it: an uncaught exception, a syntax error, the
+user's code importing matplotlib or ``linecache`` or using ``sys.stdout.buffer``, or files in the
+working directory. Standard-library only; matplotlib is imported only here, and only once the
+user's code has imported it.
 
 Figures: the backend defined here draws with Agg; ``plt.show()`` saves every open figure and
 closes it, ``Figure.show()`` saves and closes that figure, and the prelude has whatever is still
 open at the end saved too. Each becomes ``figure_001.png``, ``figure_002.png``, ... in the working
 directory, in drawing order, skipping names that already exist (a file the user saved is never
 overwritten), at :data:`FIGURE_DPI`, lowered so that no side exceeds :data:`FIGURE_MAX_PIXELS`.
-A figure that cannot be saved is reported in one line on stderr; nothing else changes.
+A figure is drawn under its name plus :data:`PARTIAL_SUFFIX` and takes its name only once
+complete, so a run killed while saving one leaves ``figure_NNN.png.part``, never a truncated PNG
+under a figure's name. A figure that cannot be saved is reported in one line on stderr; nothing
+else changes.
+
+Files: at the end of a run that left files, :data:`MANIFEST_NAME` lists the files the evaluator
+should return (see :func:`write_manifest`), so that the gateway can name those it did not return.
 
 The module has no side effects on import: the gateway imports it for its constants.
 """
@@ -18,7 +25,10 @@ The module has no side effects on import: the gateway imports it for its constan
 # contextlib is not loaded at interpreter startup; importing it would cost a failing run.
 # ruff: noqa: SIM105
 
+import codecs
+import io
 import os
+import stat
 import sys
 
 TYPE_CHECKING = False
@@ -44,6 +54,17 @@ FIGURE_MAX_PIXELS = 2000
 BACKEND_MODULE = "_mcp_backend"
 #: The file name of the user's code (in tracebacks and linecache).
 CODE_FILENAME = "<string>"
+#: What a figure is called while it is being saved.
+PARTIAL_SUFFIX = ".part"
+#: The manifest: a name Snekbox returns (no leading ``_`` or ``.``) and that sorts before any
+#: ordinary name, so that an evaluator returning files in path order returns it first.
+MANIFEST_NAME = "!mcp-manifest"
+#: The manifest's first line, then one ``<size> <path>\0`` record per file, in path order.
+MANIFEST_HEADER = b"mcp-manifest 1 %d %d\n"  # files found, 1 if the walk saw everything
+MANIFEST_MAX_BYTES = 64 * 1024
+# Bounds of the walk over the working directory: entries examined, directory levels.
+_WALK_ENTRIES = 10_000
+_WALK_DEPTH = 100
 
 # Set by configure(): where figures go, the user's source, the prelude's file name. Then how
 # many figures were created and how many names were taken.
@@ -52,6 +73,8 @@ _source = b""
 _hide = ""
 _figures_created = 0
 _figures_saved = 0
+# Files that were in the working directory before the code ran: path -> mtime (ns).
+_inputs: "dict[str, int]" = {}
 
 
 def configure(*, workdir: str, source: bytes, hide: str) -> None:
@@ -325,24 +348,33 @@ def _save_figure(figure: "Figure") -> None:
     dpi = float(FIGURE_DPI)
     if longest * dpi > FIGURE_MAX_PIXELS:
         dpi = FIGURE_MAX_PIXELS / longest
-    while True:  # the next free name: a file the user saved is never overwritten
+    while True:  # the next number free under both names: a file the user saved is never overwritten
         _figures_saved += 1
         path = os.path.join(_workdir, f"{FIGURE_PREFIX}{_figures_saved:03d}{FIGURE_SUFFIX}")
+        if os.path.lexists(path):
+            continue
         try:
-            out = open(path, "xb")  # noqa: SIM115 (closed below, or removed on failure)
+            out = open(path + PARTIAL_SUFFIX, "xb")  # noqa: SIM115 (closed below)
         except FileExistsError:
             continue
         break
     try:
         with out:
             figure.savefig(out, format="png", dpi=dpi)
+        # A link fails if the name was taken meanwhile (by a thread of the user's), where a
+        # rename would replace that file.
+        os.link(path + PARTIAL_SUFFIX, path)
     except BaseException:
         try:
-            os.remove(path)
+            os.remove(path + PARTIAL_SUFFIX)
             _figures_saved -= 1  # the name is free again: no gap in the numbering
         except OSError:
             pass
         raise
+    try:
+        os.remove(path + PARTIAL_SUFFIX)
+    except OSError:  # the figure is saved; the gateway ignores a partial beside its figure
+        pass
 
 
 def _note(message: str) -> None:
@@ -352,3 +384,157 @@ def _note(message: str) -> None:
     except Exception:
         pass
     _flush(sys.stderr)
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+class CheckedBytes(io.BufferedIOBase):
+    """``sys.stdout.buffer`` (or stderr's): bytes that are not UTF-8 are replaced on the way.
+
+    They are decoded with the text stream's error handler (which counts what it replaces for the
+    prelude's note) and written, re-encoded, to the real binary stream, after whatever the text
+    stream still holds. A character split over two writes waits for its end; :meth:`finish`
+    writes out what is left at the end of the run.
+    """
+
+    def __init__(
+        self, text: "io.TextIOWrapper", target: "io.RawIOBase | io.BufferedIOBase"
+    ) -> None:
+        super().__init__()
+        self._text = text
+        self._target = target
+        self._decoder = codecs.getincrementaldecoder("utf-8")(text.errors or "strict")
+
+    def write(self, data: "bytes | bytearray | memoryview") -> int:  # type: ignore[override]
+        if self.closed:
+            raise ValueError("write to closed file")
+        raw = bytes(data)
+        self._write(self._decoder.decode(raw))
+        return len(raw)
+
+    def finish(self) -> None:
+        self._write(self._decoder.decode(b"", final=True))
+        self.flush()
+
+    def _write(self, text: str) -> None:
+        if not text:
+            return
+        try:
+            self._text.flush()
+        except ValueError:  # the code detached or closed the text stream
+            pass
+        view = memoryview(text.encode("utf-8"))
+        while view:  # an unbuffered stream may take only part of a write
+            written = self._target.write(view)
+            view = view[written if written is not None else 0 :]
+
+    def flush(self) -> None:
+        if not self.closed:
+            self._target.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._target.fileno()
+
+    def isatty(self) -> bool:
+        return self._target.isatty()
+
+    @property
+    def name(self) -> object:
+        return getattr(self._target, "name", None)
+
+    @property
+    def mode(self) -> str:
+        return "wb"
+
+
+# --- the manifest -----------------------------------------------------------------------------
+
+
+def note_inputs() -> None:
+    """Remember the files sent in, which Snekbox does not return unless the code changes them."""
+    global _inputs
+    found, _ = _walk()
+    _inputs = {path: mtime for path, _, mtime in found}
+
+
+def write_manifest() -> None:
+    """List the files the evaluator should return, with their sizes, in :data:`MANIFEST_NAME`.
+
+    The rules are Snekbox's: regular files, not symlinks, no name starting with ``_`` and nothing
+    under a name starting with ``.``; files sent in and left unchanged are left out. The walk is
+    bounded (:data:`_WALK_ENTRIES`, :data:`_WALK_DEPTH`) and says whether it saw everything; the
+    list is cut at :data:`MANIFEST_MAX_BYTES`, the count still covering every file found. Nothing
+    is written when there is nothing to list, and a failure writes nothing: the manifest only
+    helps the gateway say what did not come back.
+    """
+    try:
+        found, complete = _walk()
+        files = sorted(
+            (path, size)
+            for path, size, mtime in found
+            if path != MANIFEST_NAME and _inputs.get(path) != mtime
+        )
+        if not files:
+            return
+        header = MANIFEST_HEADER % (len(files), complete)
+        records: list[bytes] = []
+        room = MANIFEST_MAX_BYTES - len(header)
+        for path, size in files:
+            record = b"%d %s\0" % (size, os.fsencode(path))
+            room -= len(record)
+            if room < 0:
+                break
+            records.append(record)
+        with open(os.path.join(_workdir, MANIFEST_NAME), "wb") as out:
+            out.write(header + b"".join(records))
+    except Exception:
+        pass
+
+
+def _walk() -> "tuple[list[tuple[str, int, int]], bool]":
+    """``(path, size, mtime_ns)`` of the files Snekbox would return; whether all were seen."""
+    found: list[tuple[str, int, int]] = []
+    budget = [_WALK_ENTRIES]
+    fd = os.open(_workdir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        complete = _walk_directory(fd, "", 0, found, budget)
+    finally:
+        os.close(fd)
+    return found, complete
+
+
+def _walk_directory(
+    fd: int, prefix: str, depth: int, found: "list[tuple[str, int, int]]", budget: "list[int]"
+) -> bool:
+    # By descriptor, never by path: a deep tree's paths are longer than the kernel accepts.
+    complete = True
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            budget[0] -= 1
+            if budget[0] < 0:
+                return False
+            name = entry.name
+            if name.startswith("."):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    if depth >= _WALK_DEPTH:
+                        complete = False
+                        continue
+                    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                    sub = os.open(name, flags, dir_fd=fd)
+                    try:
+                        seen = _walk_directory(sub, f"{prefix}{name}/", depth + 1, found, budget)
+                    finally:
+                        os.close(sub)
+                    complete = complete and seen
+                elif stat.S_ISREG(info.st_mode) and not name.startswith("_"):
+                    found.append((prefix + name, info.st_size, info.st_mtime_ns))
+            except OSError:
+                complete = False
+    return complete

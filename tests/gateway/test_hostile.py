@@ -531,12 +531,12 @@ CASES: list[Any] = [
     # Extra arguments are ignored, including one named like the tool's hidden Context parameter.
     pytest.param(
         Post(call({"code": f"print(6 * 7)  # {CODE_MARKER}", "timeout": 9, "sandbox": False})),
-        Result("ok", 0, ("42\n[exit code 0: ok]",)),
+        Result("ok", 0, ("42\n[end of output]\n[exit code 0: ok]",)),
         id="extra-arguments-ignored",
     ),
     pytest.param(
         Post(call({"code": "print(6 * 7)", "ctx": {"request_context": None}})),
-        Result("ok", 0, ("42\n[exit code 0: ok]",)),
+        Result("ok", 0, ("42\n[end of output]\n[exit code 0: ok]",)),
         id="ctx-argument-ignored",
     ),
     # Sizes and encodings
@@ -705,7 +705,13 @@ CASES: list[Any] = [
         Result(
             "ok",
             0,
-            ("drawn\n", "[84 of 100 figures not returned: figure_017.png (", "at most 16 images"),
+            (
+                "drawn\n",
+                "[83 of 100 figures not returned: figure_017.png (",
+                "at most 16 images",
+                # The manifest takes one of the evaluator's 100 places.
+                "[1 of 100 figures not returned by the evaluator",
+            ),
             returned=16,
             dropped=84,
         ),
@@ -858,7 +864,7 @@ async def test_after_the_suite_the_gateway_still_serves(gateway: Gateway) -> Non
             async with client(gateway.url, transport, TOKEN) as mcp:
                 result = await mcp.call_tool("execute_python_code", {"code": "print(6 * 7)"})
         assert not result.is_error
-        assert text_of(result) == "42\n[exit code 0: ok]"
+        assert text_of(result) == "42\n[end of output]\n[exit code 0: ok]"
     async with httpx.AsyncClient(base_url=gateway.url) as http:
         ready = await http.get("/readyz")
         metrics = (await http.get("/metrics")).text

@@ -21,7 +21,39 @@ from snekbox_client import EvalResult
         (139, "", "signal", "SIGSEGV"),
         (134, "", "signal", "SIGABRT"),
         (255, "", "sandbox_error", "sandbox itself failed"),
-        (None, "invalid UTF-8", "not_run", "could not run the code"),
+        # returncode null: the evaluator's message says whether the code ran (Snekbox's words).
+        (
+            None,
+            "UnicodeDecodeError: invalid Unicode in output pipe",
+            "invalid_output",
+            "the code ran, but it wrote bytes that are not UTF-8 straight to a file descriptor",
+        ),
+        (
+            None,
+            "FileParsingError: Exceeded directory depth limit while parsing attachments",
+            "files_not_collected",
+            "the code ran, but the evaluator could not collect the files it wrote",
+        ),
+        (
+            None,
+            "FileParsingError: invalid bytes in filename while parsing attachments",
+            "files_not_collected",
+            "discarded all of its output and files",
+        ),
+        (
+            None,
+            "TimeoutError: Exceeded time limit while parsing attachments",
+            "files_not_collected",
+            "the code ran",
+        ),
+        (
+            None,
+            "IsADirectoryError: Failed to create file 'data/'.",
+            "not_run",
+            "could not run the code",
+        ),
+        (None, "ValueError: embedded null byte", "not_run", "could not run the code"),
+        (None, "something new", "evaluator_error", "whether the code ran is not known"),
     ],
 )
 def test_exit_status_in_words(returncode: int | None, stdout: str, status: str, words: str) -> None:
@@ -49,13 +81,40 @@ def test_long_output_keeps_head_and_tail_and_says_sizes() -> None:
     assert result.structured_content["stdout_truncated"] is True
 
 
-def test_not_run_keeps_the_services_message() -> None:
+def test_text_is_output_then_a_closing_line_then_the_status() -> None:
     result = render_result(
-        EvalResult(stdout="UnicodeDecodeError: invalid start byte", returncode=None),
+        EvalResult(stdout="hello\n", returncode=0), duration=0.1, settings=Settings()
+    )
+    text = result.content[0]
+    assert isinstance(text, TextContent)
+    assert text.text == "hello\n[end of output]\n[exit code 0: ok]"
+    assert result.structured_content is not None
+    assert result.structured_content["stdout"] == "hello\n"
+
+
+def test_a_cut_output_is_said_to_be_cut_after_it() -> None:
+    result = render_result(
+        EvalResult(stdout="x" * 5000, returncode=0),
         duration=0.1,
-        settings=Settings(),
+        settings=Settings(max_output_chars=100),
+    )
+    text = result.content[0]
+    assert isinstance(text, TextContent)
+    assert text.text.endswith("x\n[end of output; it was cut in the middle]\n[exit code 0: ok]")
+
+
+def test_the_evaluators_message_is_quoted_in_the_status_not_shown_as_output() -> None:
+    message = "UnicodeDecodeError: invalid Unicode in output pipe"
+    result = render_result(
+        EvalResult(stdout=message, returncode=None), duration=0.1, settings=Settings()
     )
     assert not result.is_error
     text = result.content[0]
     assert isinstance(text, TextContent)
-    assert text.text.startswith("UnicodeDecodeError: invalid start byte\n[the evaluator could not")
+    first, status = text.text.split("\n")
+    assert first == "(no output)"
+    assert status.startswith("[the code ran, but it wrote bytes that are not UTF-8")
+    assert f'(its message: "{message}")' in status
+    assert result.structured_content is not None
+    assert result.structured_content["status"] == "invalid_output"
+    assert result.structured_content["stdout"] == message

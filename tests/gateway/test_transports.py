@@ -87,7 +87,7 @@ async def test_files_the_code_saves_are_listed(gateway_url: str, transport: str)
     code = "open('table.csv', 'w').write('a,b\\n1,2\\n')\nprint('saved')"
     result = await call(gateway_url, transport, code)
     assert result.structured_content["files"] == [{"path": "table.csv", "size": 8}]
-    assert "table.csv (8 bytes)" in text_of(result)
+    assert '[files written: "table.csv" (8 bytes)]' in text_of(result)
 
 
 async def test_time_limit_kill(kill_gateway_url: str, transport: str) -> None:

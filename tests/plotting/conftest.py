@@ -19,11 +19,16 @@ PYTHON = [sys.executable, "-E", "-s"]
 
 @dataclass(frozen=True)
 class Run:
-    """What a run leaves: merged stdout and stderr, the exit status, the working directory."""
+    """What a run leaves: merged stdout and stderr, the exit status, the working directory.
+
+    ``output`` is ``raw`` decoded with U+FFFD for what is not UTF-8; ``raw`` is the bytes as the
+    evaluator would read them.
+    """
 
     output: str
     returncode: int
     workdir: Path
+    raw: bytes = b""
 
     def files(self) -> list[str]:
         """Names in the working directory after the run, sorted."""
@@ -58,7 +63,7 @@ def run_request(
         timeout=timeout,
         check=False,
     )
-    return Run(proc.stdout.decode("utf-8", "replace"), proc.returncode, workdir)
+    return Run(proc.stdout.decode("utf-8", "replace"), proc.returncode, workdir, proc.stdout)
 
 
 RunCode = Callable[..., Run]

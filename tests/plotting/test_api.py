@@ -9,14 +9,18 @@ import pytest
 import plotting
 from plotting import (
     CODE_NAME,
+    MANIFEST_MAX_BYTES,
+    MANIFEST_NAME,
     PNG_SIGNATURE,
     PRELUDE_NAME,
     SUPPORT_NAME,
+    Manifest,
     build_request,
     figure_number,
     is_figure,
     prelude_files,
-    split_figures,
+    read_manifest,
+    sort_files,
 )
 from snekbox_client import File
 
@@ -30,14 +34,20 @@ def test_exported_members() -> None:
         "FIGURE_DPI",
         "FIGURE_MAX_PIXELS",
         "FIGURE_PATTERN",
+        "LOST_FIGURE_PATTERN",
+        "MANIFEST_MAX_BYTES",
+        "MANIFEST_NAME",
         "PNG_SIGNATURE",
         "PRELUDE_NAME",
         "SUPPORT_NAME",
+        "Manifest",
+        "ReturnedFiles",
         "build_request",
         "figure_number",
         "is_figure",
         "prelude_files",
-        "split_figures",
+        "read_manifest",
+        "sort_files",
     }
     for name in plotting.__all__:
         assert getattr(plotting, name) is not None
@@ -64,6 +74,10 @@ def test_helper_files_are_never_returned_and_figures_are() -> None:
     for name in (PRELUDE_NAME, SUPPORT_NAME, CODE_NAME):
         assert name.startswith("_")
     assert not is_figure(PRELUDE_NAME) and is_figure("figure_001.png")
+    # The manifest is returned, and first among names in path order ("!" sorts before them).
+    assert not MANIFEST_NAME.startswith(("_", "."))
+    names = ["figure_001.png", "data.csv", "Data", "0.txt", "-x", "+y", MANIFEST_NAME]
+    assert min(names) == MANIFEST_NAME
 
 
 @pytest.mark.parametrize(("index", "source"), [(0, "_prelude.py"), (1, "_support.py")])
@@ -88,15 +102,28 @@ def test_the_prelude_and_its_support_module_agree() -> None:
 
 @pytest.mark.parametrize(
     ("path", "number"),
-    [("figure_001.png", 1), ("figure_042.png", 42), ("figure_1000.png", 1000)],
+    [
+        ("figure_001.png", 1),
+        ("figure_042.png", 42),
+        ("figure_1000.png", 1000),
+    ],
 )
 def test_figure_names(path: str, number: int) -> None:
     assert is_figure(path)
     assert figure_number(path) == number
+    assert not is_figure(path + ".part") and figure_number(path + ".part") == number
 
 
 @pytest.mark.parametrize(
-    "path", ["figure_1.png", "figure_01.png", "sub/figure_001.png", "figure_001.png.txt", "x.png"]
+    "path",
+    [
+        "figure_1.png",
+        "figure_01.png",
+        "sub/figure_001.png",
+        "figure_001.png.txt",
+        "x.png",
+        "figure_\u0661\u0662\u0663.png",  # Arabic-Indic digits: names are ASCII
+    ],
 )
 def test_not_figure_names(path: str) -> None:
     assert not is_figure(path)
@@ -104,7 +131,7 @@ def test_not_figure_names(path: str) -> None:
         figure_number(path)
 
 
-def test_split_figures_orders_by_number_and_keeps_the_rest() -> None:
+def test_sort_files_orders_figures_by_number_and_keeps_the_rest() -> None:
     png = PNG_SIGNATURE + b"..."
     files = [
         File("figure_010.png", png),
@@ -112,10 +139,52 @@ def test_split_figures_orders_by_number_and_keeps_the_rest() -> None:
         File("figure_002.png", png),
         File("figure_003.png", b"not a png"),
         File("figure_1000.png", png),
+        File("figure_005.png.part", b"\x89PN"),
+        File("figure_004.png.part", b""),
+        File("figure_002.png.part", png),  # left beside its complete figure: dropped
+        File(MANIFEST_NAME, b"mcp-manifest 1 1 1\n3 data.csv\0"),
     ]
-    figures, others = split_figures(files)
-    assert [f.path for f in figures] == ["figure_002.png", "figure_010.png", "figure_1000.png"]
-    assert [f.path for f in others] == ["data.csv", "figure_003.png"]
+    sorted_files = sort_files(files)
+    assert [f.path for f in sorted_files.figures] == [
+        "figure_002.png",
+        "figure_010.png",
+        "figure_1000.png",
+    ]
+    assert [f.path for f in sorted_files.lost_figures] == [
+        "figure_004.png.part",
+        "figure_005.png.part",
+    ]
+    assert [f.path for f in sorted_files.others] == ["data.csv", "figure_003.png"]
+    assert sorted_files.manifest == Manifest((("data.csv", 3),), 1, True)
+
+
+def test_a_manifest_returned_without_all_of_its_content_is_not_read() -> None:
+    head = b"mcp-manifest 1 1 1\n3 data.csv\0"
+    assert sort_files([File(MANIFEST_NAME, head[:10], len(head))]).manifest is None
+    assert sort_files([File(MANIFEST_NAME, b"", 0)]).others == []
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"mcp-manifest 1 0 1\n", Manifest((), 0, True)),
+        (b"mcp-manifest 1 5 0\n1 a\0" + b"22 b\nc\0", Manifest((("a", 1), ("b\nc", 22)), 5, False)),
+        (b"mcp-manifest 1 1 1\n1 \xff\0", Manifest((("\ufffd", 1),), 1, True)),
+        (b"mcp-manifest 1 1 1\n1 a", None),  # the last record lacks its NUL
+        (b"mcp-manifest 1 1 1\n1 a\0" + b"1 b\0", None),  # more records than files
+        (b"mcp-manifest 1 1 1\nx a\0", None),
+        (b"mcp-manifest 1 1 1\n1 \0", None),  # an empty name
+        (b"mcp-manifest 1 -1 1\n", None),
+        (b"mcp-manifest 2 0 1\n", None),
+        (b"MCP-MANIFEST 1 0 1\n", None),
+        (b"", None),
+        (b"mcp-manifest 1 1 1\n" + b"1 " + b"a" * MANIFEST_MAX_BYTES + b"\0", None),
+    ],
+)
+def test_read_manifest_takes_only_a_well_formed_bounded_list(
+    data: bytes, expected: Manifest | None
+) -> None:
+    assert read_manifest(data) == expected
 
 
 def test_code_larger_than_an_argument_may_be_runs(run_code: RunCode) -> None:

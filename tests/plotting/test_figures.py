@@ -4,7 +4,7 @@ import textwrap
 
 from PIL import Image
 
-from plotting import FIGURE_MAX_PIXELS, PNG_SIGNATURE, split_figures
+from plotting import FIGURE_MAX_PIXELS, MANIFEST_NAME, PNG_SIGNATURE, sort_files
 from snekbox_client import File
 
 from .conftest import Run, RunCode
@@ -60,7 +60,7 @@ def test_figures_keep_their_creation_order_when_reactivated(run_code: RunCode) -
     run = run_code(DRAW + 'draw("red")\ndraw("lime")\nplt.figure(1)\ndraw("blue")\nplt.show()')
     assert run.returncode == 0, run.output
     assert [colour for _, colour in pngs(run).values()] == [RED, GREEN, BLUE]
-    assert run.files() == ["figure_001.png", "figure_002.png", "figure_003.png"]
+    assert run.files() == [MANIFEST_NAME, "figure_001.png", "figure_002.png", "figure_003.png"]
 
 
 def test_a_figure_open_at_an_exception_is_captured(run_code: RunCode) -> None:
@@ -89,9 +89,10 @@ def test_the_users_files_are_kept_and_never_overwritten(run_code: RunCode) -> No
         "figure_002.png": ((300, 200), RED),
     }
     returned = [File(name, (run.workdir / name).read_bytes()) for name in run.files()]
-    figures, others = split_figures(returned)
-    assert [f.path for f in figures] == ["figure_002.png"]
-    assert [f.path for f in others] == ["chart.png", "figure_001.png"]
+    files = sort_files(returned)
+    assert [f.path for f in files.figures] == ["figure_002.png"]
+    assert [f.path for f in files.others] == ["chart.png", "figure_001.png"]
+    assert files.manifest is not None
 
 
 def test_a_huge_figure_is_scaled_down(run_code: RunCode) -> None:

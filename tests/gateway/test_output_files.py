@@ -1,0 +1,145 @@
+"""Big output files cost the gateway neither memory nor event-loop time.
+
+The gateway returns only figures' contents, and lists other files by name and size; a run may
+still write 48 MiB of files (sparse ones cost the sandbox no memory at all). Each test runs the
+gateway as its own process and, during one such call, resets and then reads its peak RSS
+(VmHWM) and polls ``/healthz``. Before ``content_wanted`` and the streamed answer, one call
+grew the gateway by 130 to 220 MiB and stalled ``/healthz`` for 0.4 to 0.8 s here (see
+``bench/bench_output_files.py``). Evaluation services: the built-in evaluator in-process, and a
+Snekbox-like one that ignores ``content_wanted`` and sends every content.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tests.gateway.harness import ServiceProcess, client, gateway_process, text_of
+
+pytestmark = pytest.mark.anyio
+
+MiB = 1024 * 1024
+#: Bounds of one hostile call: the growth of the gateway's peak RSS, the worst /healthz latency.
+MAX_GROWTH_MIB = 30
+MAX_HEALTHZ_SECONDS = 0.5
+
+SPARSE = "for i in range(4):\n    open(f'sparse_{i}.bin', 'wb').truncate(11 * 2**20)\n"
+RANDOM = (
+    "import os\n"
+    "for i in range(4):\n"
+    "    with open(f'data_{i}.bin', 'wb') as f:\n"
+    "        for _ in range(47):\n"
+    "            f.write(os.urandom(1 << 18))\n"
+)
+#: Sparse 11 MiB files with figures' names and a PNG's first bytes: figures over the budget.
+FIGURE_NAMED = (
+    "head = b'\\x89PNG\\r\\n\\x1a\\n\\x00\\x00\\x00\\rIHDR' + (3000).to_bytes(4, 'big') * 2\n"
+    "for i in range(1, 5):\n"
+    "    with open(f'figure_{i:03d}.png', 'wb') as f:\n"
+    "        f.write(head)\n"
+    "        f.truncate(11 * 2**20)\n"
+)
+#: Each call, and the files (path, size) its structured result lists.
+CALLS = {
+    "four-sparse-11MiB-files": (SPARSE, [(f"sparse_{i}.bin", 11 * MiB) for i in range(4)]),
+    "47MiB-of-random-files": (RANDOM, [(f"data_{i}.bin", 47 * MiB // 4) for i in range(4)]),
+    "figure-named-sparse-files": (FIGURE_NAMED, []),
+}
+ENV = {"EVALUATOR_TIME_LIMIT": "60", "MCP_EVAL_TIMEOUT": "90"}
+
+
+def reset_peak(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+
+def kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+class HealthPoller:
+    """GET /healthz every 10 ms in a thread, keeping the worst latency."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.worst = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> HealthPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        with httpx.Client(trust_env=False, timeout=30) as http:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                assert http.get(f"{self.url}/healthz").status_code == 200
+                self.worst = max(self.worst, time.perf_counter() - started)
+                self._stop.wait(0.01)
+
+
+@pytest.fixture(scope="module")
+def snekbox_like() -> Iterator[ServiceProcess]:
+    args = ["-m", "tests.snekbox_client.snekbox_like", "--port", "{port}"]
+    service = ServiceProcess([*args, "--time-limit", "60"], {}, ("OPTIONS", "/eval"))
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="module", params=["in-process", "snekbox-like"])
+def gateway(request: pytest.FixtureRequest) -> Iterator[ServiceProcess]:
+    env = dict(ENV)
+    if request.param == "snekbox-like":
+        env["SNEKBOX_URL"] = request.getfixturevalue("snekbox_like").url
+    service = gateway_process(env)
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+async def call(url: str, code: str) -> Any:
+    async with client(url, "http") as mcp:
+        with anyio.fail_after(120):
+            return await mcp.call_tool("execute_python_code", {"code": code})
+
+
+@pytest.mark.parametrize("name", CALLS)
+async def test_big_output_files_cost_the_gateway_little(gateway: ServiceProcess, name: str) -> None:
+    code, listed = CALLS[name]
+    await call(gateway.url, "print('warm-up')")
+    reset_peak(gateway.pid)
+    before = kib(gateway.pid, "VmRSS")
+    with HealthPoller(gateway.url) as health:
+        result = await call(gateway.url, code)
+    growth = (kib(gateway.pid, "VmHWM") - before) / 1024
+    print(f"{name}: peak RSS +{growth:.1f} MiB, worst /healthz {health.worst * 1000:.0f} ms")
+    assert not result.is_error, result
+    assert "[exit code 0: ok]" in text_of(result)
+    files = result.structured_content["files"]
+    assert [(f["path"], f["size"]) for f in files] == listed
+    assert growth < MAX_GROWTH_MIB, f"the gateway grew by {growth:.0f} MiB for one call"
+    assert health.worst < MAX_HEALTHZ_SECONDS, f"/healthz took {health.worst:.2f} s"
+    if name == "figure-named-sparse-files":
+        images = result.structured_content["images"]
+        assert [(i["width"], i["size"], i["returned"]) for i in images] == [
+            (3000, 11 * MiB, False)
+        ] * 4
