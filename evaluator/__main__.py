@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import uvicorn
 
+from gateway import RequestDeadline, guarded_protocol
+
 from .api import create_app
 from .config import ENVIRONMENT, UNSANDBOXED_CONSENT, EvaluatorConfig
 from .service import Evaluator
@@ -66,6 +68,20 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Name
         help="run code WITHOUT the sandbox: no isolation at all, for debugging only "
         f"(env EVALUATOR_UNSANDBOXED={UNSANDBOXED_CONSENT})",
     )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=float(environ.get("EVALUATOR_REQUEST_TIMEOUT") or 30),
+        help="seconds a request's headers, then its body, may take to arrive; then 408 "
+        "(env EVALUATOR_REQUEST_TIMEOUT; default 30)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=int(environ.get("EVALUATOR_MAX_CONNECTIONS") or 256),
+        help="connections open at once; one more is answered 503 "
+        "(env EVALUATOR_MAX_CONNECTIONS; default 256)",
+    )
     parser.add_argument("--log-level", default="info", help="uvicorn and evaluator log level")
     args = parser.parse_args(argv)
     args.config = dataclasses.replace(
@@ -80,7 +96,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     app = create_app(Evaluator(args.config), manage_evaluator=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    try:
+        # Slow or surplus clients must not hold the service's sockets: a deadline for each
+        # request's headers (the protocol) and body (the middleware), and a cap on connections.
+        protocol = guarded_protocol(
+            header_timeout=args.request_timeout, max_connections=args.max_connections
+        )
+        served = RequestDeadline(app, args.request_timeout)
+    except ValueError as exc:
+        sys.exit(f"python -m evaluator: {exc}")
+    uvicorn.run(
+        served, host=args.host, port=args.port, log_level=args.log_level.lower(), http=protocol
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ import inspect
 import pytest
 
 
-@pytest.mark.parametrize("name", ["python_mcp_server", "snekbox_client", "plotting", "evaluator"])
+@pytest.mark.parametrize(
+    "name", ["python_mcp_server", "gateway", "snekbox_client", "plotting", "evaluator"]
+)
 def test_all_names_exist_and_public_classes_are_listed(name: str) -> None:
     module = importlib.import_module(name)
     exported = set(module.__all__)

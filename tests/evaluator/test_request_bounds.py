@@ -44,7 +44,7 @@ async def test_a_body_announced_over_the_cap_is_refused_before_it_is_sent() -> N
     with running(evaluator_process(5)) as service:
         # The head only: the answer must not wait for a body that is never sent.
         async with await stall(service.port, head(service.port, "POST", "/eval", CAP + 1)) as s:
-            answer = await read_until_closed(s, timeout=NOT_HELD)
+            answer = await read_until_closed(s, within=NOT_HELD)
     status, _, body = answer.partition(b"\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 413 "), answer
     assert json.loads(body) == {

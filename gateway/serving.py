@@ -1,0 +1,146 @@
+"""How both services are served: uvicorn's HTTP/1.1 protocol with a header deadline and a cap.
+
+Left to itself, uvicorn waits forever for a request's headers (a client that sends half a
+request line and stalls holds its socket for good) and accepts every connection, so enough slow
+clients exhaust the process's file descriptors. :class:`GuardedH11Protocol` adds both bounds
+at the protocol level, the only place where a request that never finishes its headers is seen:
+
+- a connection must deliver a complete request head within ``header_timeout`` seconds of
+  opening, and on a kept-alive connection, of the next request's first byte; otherwise it is
+  answered 408 (or, if it sent nothing at all, just closed). The same holds for bytes of a body
+  that trickle in after the answer (the app did not read them);
+- while ``max_connections`` connections are open, a new one is answered 503 and closed at once.
+
+The request body is bounded separately, by :class:`gateway.edge.RequestDeadline`, which works
+however the app is served. Both services pass :func:`guarded_protocol` to uvicorn as ``http=``;
+under the uvicorn CLI, ``--http gateway.serving:GuardedH11Protocol`` gives the defaults.
+
+h11 rather than httptools: uvicorn's ``auto`` picks httptools when it is installed, and this
+project does not install it; naming the class keeps the choice the same everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import ClassVar, cast
+
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
+
+__all__ = ["GuardedH11Protocol", "guarded_protocol"]
+
+logger = logging.getLogger(__name__)
+
+
+def _plain_response(status: bytes, text: str, extra: bytes = b"") -> bytes:
+    body = text.encode()
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        + extra
+        + b"connection: close\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, bounding the wait for each request head and the open connections.
+
+    The bounds are class attributes, so that uvicorn, which instantiates the class itself, can be
+    given a configured subclass (see :func:`guarded_protocol`).
+    """
+
+    #: Seconds a connection may take to send a complete request head (line and headers).
+    header_timeout: ClassVar[float] = 20.0
+    #: Connections open at once; one more is answered 503 and closed.
+    max_connections: ClassVar[int] = 512
+
+    _refused = False
+    _deadline: asyncio.TimerHandle | None = None
+    #: The request cycle current when the deadline was armed: a new one means a head arrived.
+    _waiting_after: RequestResponseCycle | None = None
+    _heard = False
+    #: An answer is complete: the next request's deadline starts with its first byte (until
+    #: then the connection is idle, and uvicorn's keep-alive timeout closes it).
+    _kept_alive = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.max_connections:
+            self._refused = True
+            self.transport = transport
+            logger.warning(
+                "refusing a connection: %d are open (the maximum)", len(self.connections)
+            )
+            transport.write(
+                _plain_response(
+                    b"503 Service Unavailable",
+                    f"Too many connections ({self.max_connections} are open); retry shortly.\n",
+                    b"retry-after: 1\r\n",
+                )
+            )
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._kept_alive:
+            self._kept_alive = False
+            self._arm()
+        self._heard = True
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        self._disarm()
+        self._kept_alive = True
+        super().on_response_complete()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._waiting_after = self.cycle
+        self._heard = False
+        self._deadline = self.loop.call_later(self.header_timeout, self._head_is_late)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _head_is_late(self) -> None:
+        self._deadline = None
+        if self.cycle is not self._waiting_after or self.transport.is_closing():
+            return  # a request head arrived in time
+        if self._heard:
+            self.transport.write(
+                _plain_response(
+                    b"408 Request Timeout",
+                    f"The request headers did not arrive within {self.header_timeout:g} s.\n",
+                )
+            )
+        self.transport.close()
+
+
+def guarded_protocol(*, header_timeout: float, max_connections: int) -> type[GuardedH11Protocol]:
+    """A :class:`GuardedH11Protocol` subclass with these bounds, to pass as uvicorn's ``http=``.
+
+    Raises:
+        ValueError: a bound that is not positive.
+    """
+    if not header_timeout > 0 or max_connections < 1:
+        raise ValueError("header_timeout must be positive and max_connections at least 1")
+    attributes = {"header_timeout": header_timeout, "max_connections": max_connections}
+    return cast(
+        "type[GuardedH11Protocol]",
+        type("GuardedH11Protocol", (GuardedH11Protocol,), attributes),
+    )

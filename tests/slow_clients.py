@@ -1,0 +1,101 @@
+"""Slow and surplus clients on real sockets, shared by the gateway's and the evaluator's tests.
+
+Each check opens raw TCP connections to a service on loopback, sends part of a request and
+stalls (or trickles), and reads what the service answers before it closes the connection.
+"""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+from anyio.abc import SocketStream
+
+from tests.gateway.harness import ServiceProcess, open_fds, wait_for
+
+#: How long a stalled connection may stay open before the test fails: far above the services'
+#: request timeout in these tests (2 s), only to prove that nothing is held forever.
+HELD_AT_MOST = 30.0
+#: Stalled connections opened at once by the "many" checks: a few hundred, under the cap.
+MANY = 250
+
+
+def head(port: int, method: str = "POST", path: str = "/", length: int = 100) -> bytes:
+    """A complete request head announcing a JSON body of ``length`` bytes."""
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def stall(port: int, data: bytes) -> SocketStream:
+    """A connection that sent ``data`` and then nothing more."""
+    stream = await anyio.connect_tcp("127.0.0.1", port)
+    if data:
+        await stream.send(data)
+    return stream
+
+
+async def read_until_closed(stream: SocketStream, within: float = HELD_AT_MOST) -> bytes:
+    """Everything the server sends until it closes the connection; fails after ``within`` s."""
+    received = b""
+    with anyio.fail_after(within):
+        while True:
+            try:
+                received += await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return received
+
+
+async def trickle(stream: SocketStream, data: bytes, interval: float = 0.3) -> None:
+    """Send ``data`` one byte at a time until the server hangs up (or the data runs out)."""
+    for byte in data:
+        try:
+            await stream.send(bytes([byte]))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return
+        await anyio.sleep(interval)
+
+
+async def drop_many(service: ServiceProcess, data: bytes, probe: tuple[str, str]) -> list[bytes]:
+    """Open :data:`MANY` connections that send ``data`` and stall; meanwhile ``probe`` answers.
+
+    Returns what each connection received before the server closed it, once the server's open
+    file descriptors are back to about their number before.
+    """
+    fds_before = open_fds(service.pid)
+    streams = [await stall(service.port, data) for _ in range(MANY)]
+    method, path = probe
+    async with httpx.AsyncClient(timeout=10) as http:
+        answer = await http.request(method, f"{service.url}{path}")
+    assert answer.status_code == 200, "a well-behaved client is served meanwhile"
+    answers: list[bytes] = [b""] * MANY
+
+    async def read(index: int) -> None:
+        answers[index] = await read_until_closed(streams[index])
+
+    async with anyio.create_task_group() as group:
+        for index in range(MANY):
+            group.start_soon(read, index)
+    for stream in streams:
+        await stream.aclose()
+    await anyio.to_thread.run_sync(
+        wait_for,
+        # A little slack: the evaluator's pool opens and closes a few for its next sandbox.
+        lambda: open_fds(service.pid) <= fds_before + 8,
+        HELD_AT_MOST,
+        "the service's file descriptors return to their number before",
+    )
+    return answers
+
+
+async def refuse_beyond_cap(service: ServiceProcess, cap: int, data: bytes) -> bytes:
+    """Hold ``cap`` stalled connections open; return what one more connection receives."""
+    streams = [await stall(service.port, data) for _ in range(cap)]
+    try:
+        extra = await stall(service.port, b"")
+        async with extra:
+            return await read_until_closed(extra, within=10)
+    finally:
+        for stream in streams:
+            await stream.aclose()
