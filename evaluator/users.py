@@ -146,7 +146,10 @@ def covers(paths: Iterable[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
             file) by others, so no cover can make it usable.
     """
     found: dict[str, list[str]] = {}
-    for path in paths:
+    unique = {os.path.normpath(p) for p in paths}
+    # A path inside another one comes with it (the bundled bwrap inside the venv, say).
+    outermost = [p for p in unique if not any(p.startswith(q + "/") for q in unique if q != p)]
+    for path in sorted(outermost):
         info = os.stat(path)
         needed = stat.S_IXOTH if stat.S_ISDIR(info.st_mode) else stat.S_IROTH
         if info.st_mode & needed != needed:

@@ -10,6 +10,8 @@ import asyncio
 import ctypes
 import os
 import secrets
+import sys
+import sysconfig
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -185,3 +187,25 @@ async def test_two_services_never_give_their_sandboxes_the_same_uid() -> None:
     assert result.returncode == 0, result.stdout
     assert len(ready) == 4 and None not in ready, ready  # two ready sandboxes each
     assert len(set(ready)) == len(ready), f"two sandboxes share a uid: {ready}"
+
+
+@AS_ROOT
+async def test_an_environment_below_a_directory_the_run_cannot_enter(tmp_path: Path) -> None:
+    """A venv (with its bundled bwrap) below a 0700 directory, like /root: covered, it runs."""
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    os.chmod(tmp_path, 0o755)
+    venv = private / "venv"
+    await anyio.run_process([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    bwrap = venv / "bwrap-dir" / "bwrap"
+    bwrap.parent.mkdir()
+    bwrap.symlink_to(config().bwrap)  # the run must reach bwrap through the venv too
+    libraries = [Path("/usr/lib") / sysconfig.get_config_var("MULTIARCH"), Path("/usr/lib64")]
+    settings = config(
+        executable=str(venv / "bin" / "python"),
+        readonly_paths=(str(venv), sys.base_prefix, *map(str, libraries)),
+        bwrap=str(bwrap),
+    )
+    async with Evaluator(settings) as evaluator:
+        result = await evaluator.run(EvalRequest(("-c", "import sys; print(sys.prefix)")))
+    assert (result.stdout, result.returncode) == (f"{venv}\n", 0)
