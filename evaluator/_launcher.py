@@ -11,18 +11,18 @@ this order:
    not traverse (``/root`` is 0700), enters a private mount namespace and covers each such
    directory with a small tmpfs holding bind mounts of only the paths the sandbox needs;
 4. drops to the run's unprivileged host uid and gid (no supplementary groups), which clears
-   every capability, then sets ``no_new_privs`` and the parent-death signal (both after the
-   drop: a credential change clears the latter);
+   every capability;
 5. blocks reading its command line from fd 3, and execs it (bwrap) with fd 4 its seccomp
-   program. EOF without the release marker means the run was cancelled: it exits at once.
+   program. EOF without the release marker means the run was cancelled, or the service died:
+   it exits at once. After the exec, bwrap's ``--die-with-parent`` ties the run to the service.
 
-Its one argument is a JSON object (see ``evaluator.jail.LaunchSpec``). Failures are written to
-stderr (the run's output pipe) and end it with 255, which the service reports as a sandbox
-failure.
+Its one argument is a ``marshal``-ed dict, in hex (see ``evaluator.jail.LaunchSpec``): marshal
+is built in, where json would import ``re`` and double the launcher's start-up cost (a launcher
+starts for every sandbox). Failures are written to stderr (the run's output pipe) and end it
+with 255, which the service reports as a sandbox failure.
 """
 
-import ctypes
-import json
+import marshal
 import os
 import resource
 import signal
@@ -32,41 +32,33 @@ _RELEASE = b"\xffrun\xff"
 _ARGS_FD = 3
 _KEPT_FDS = 5  # stdin, stdout, stderr, the command line, the seccomp program
 
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
 _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_SLAVE = 2, 4, 4096, 16384, 1 << 19
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
-    _check(
-        _libc.mount(
-            source.encode(),
-            target.encode(),
-            fstype.encode() if fstype else None,
-            flags,
-            data.encode() if data else None,
-        ),
-        f"mount {target}",
-    )
 
 
 def _expose(covers: list[tuple[str, list[str]]]) -> None:
     """Cover each blocked directory with a tmpfs holding bind mounts of only the given paths."""
-    _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    # Imported only here: most launchers need no mount, and ctypes costs a few ms to load.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+        encoded = [x.encode() if x else None for x in (source, target, fstype, data)]
+        check(libc.mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]), f"mount {target}")
+
+    check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     # Slave: unmounts made by the service (a run's working directory) still reach this view.
-    _mount("none", "/", None, _MS_REC | _MS_SLAVE, None)
+    mount("none", "/", None, _MS_REC | _MS_SLAVE, None)
     for blocked, paths in covers:
         # Opened before the cover hides them; bound from /proc/self/fd, in this namespace.
         fds = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in paths]
-        _mount("tmpfs", blocked, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0711,size=1m")
+        mount("tmpfs", blocked, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0711,size=1m")
         for path, fd in zip(paths, fds, strict=True):
             parent = os.path.dirname(path)
             os.makedirs(parent, mode=0o711, exist_ok=True)
@@ -74,12 +66,12 @@ def _expose(covers: list[tuple[str, list[str]]]) -> None:
                 os.mkdir(path, 0o711)
             else:
                 os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444))
-            _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
+            mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
             os.close(fd)
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    spec = marshal.loads(bytes.fromhex(sys.argv[1]))
     for path in spec["cgroup_procs"]:
         with open(path, "w") as procs:
             procs.write(str(os.getpid()))
@@ -93,11 +85,6 @@ def main() -> None:
         os.setresuid(spec["uid"], spec["uid"], spec["uid"])
         if os.getresuid() != (spec["uid"],) * 3 or os.getgroups():
             raise PermissionError("the sandbox user could not be assumed")
-    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    # Dies with the service (the flag survives exec), so a run never outlives it.
-    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-    if os.getppid() != spec["parent"]:
-        os._exit(0)
     os.closerange(_KEPT_FDS, os.sysconf("SC_OPEN_MAX"))
     os.chdir(spec["cwd"])
     chunks = []

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import json
 import logging
+import marshal
 import os
 import select
 import signal
@@ -164,7 +164,7 @@ class LaunchSpec:
     cwd: str = "/"
     env: Mapping[str, str] | None = None
 
-    def argv(self, parent: int) -> list[str]:
+    def argv(self) -> list[str]:
         spec = {
             "cgroup_procs": list(self.cgroup_procs),
             "rlimits": [list(pair) for pair in self.rlimits],
@@ -173,10 +173,9 @@ class LaunchSpec:
             "covers": [[d, list(paths)] for d, paths in self.covers],
             "cwd": self.cwd,
             "env": dict(self.env or {}),
-            "parent": parent,
         }
         # -I -S: none of the environment, no site-packages, so nothing of the service loads.
-        return [sys.executable, "-I", "-S", _LAUNCHER, json.dumps(spec)]
+        return [sys.executable, "-I", "-S", _LAUNCHER, marshal.dumps(spec).hex()]
 
 
 class JailedProcess:
@@ -214,7 +213,7 @@ class JailedProcess:
         if seccomp_fd is not None:
             fds.append(seccomp_fd)
         try:
-            argv = spec.argv(os.getpid())
+            argv = spec.argv()
             pid = spawn_owned(argv[0], argv, fds=fds, env={})
         except BaseException:
             for fd in (args_w, out_r):
