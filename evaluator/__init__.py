@@ -9,6 +9,9 @@ In-process, as the gateway uses it::
     ...
     await evaluator.aclose()
 
+Or directly, with the wire format's own models: ``await evaluator.run(EvalRequest(input=code))``
+returns an ``EvalResult`` (both from :mod:`snekbox_client`, the one definition of ``/eval``).
+
 As a service of its own: ``python -m evaluator`` (see ``--help``).
 """
 
@@ -22,16 +25,13 @@ from .errors import (
     RequestInvalid,
     SandboxUnavailable,
 )
-from .models import EvalRequest, EvalResult, FileAttachment, Limit
+from .models import Limit
 from .service import Evaluator
 
 __all__ = [
-    "EvalRequest",
-    "EvalResult",
     "Evaluator",
     "EvaluatorConfig",
     "EvaluatorError",
-    "FileAttachment",
     "InvalidExecutable",
     "InvalidFile",
     "Limit",

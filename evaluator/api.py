@@ -32,11 +32,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from snekbox_client import CONTENT_WANTED_FIELD, ContentWanted
+from snekbox_client import CONTENT_WANTED_FIELD, ContentWanted, EvalRequest, EvalResult, File
 
 from .errors import InvalidFile, QueueFull, RequestInvalid
 from .host import MPLCONFIGDIR
-from .models import EvalRequest, EvalResult, FileAttachment
 from .service import Evaluator
 from .workdir import TMP_DIR
 
@@ -106,7 +105,8 @@ class _HTTPError(Exception):
 def parse_request(body: Any, *, max_files: int) -> EvalRequest:
     """Validate a decoded JSON body and build the run it asks for.
 
-    When ``input`` is given, ``args`` defaults to ``["-c"]`` and ``input`` is appended to it.
+    When ``input`` is given, ``args`` defaults to ``["-c"]`` and ``input`` is appended to it
+    (:attr:`EvalRequest.argv`).
 
     Raises:
         RequestInvalid: the body fails the schema, or has more than ``max_files`` files
@@ -130,9 +130,6 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
     error = jsonschema.exceptions.best_match(_validator.iter_errors(checked))
     if error is not None:
         raise RequestInvalid("Request data failed validation", error.message)
-    args = list(body.get("args", ["-c"] if "input" in body else []))
-    if "input" in body:
-        args.append(body["input"])
     files = tuple(_parse_file(item) for item in body.get("files", []))
     # content_wanted: this project's extension of the request (Snekbox ignores the field).
     try:
@@ -140,10 +137,16 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
         content_wanted = None if wanted is None else ContentWanted.from_json(wanted)
     except ValueError as exc:
         raise RequestInvalid("Request data failed validation", str(exc)) from exc
-    return EvalRequest(tuple(args), files, body.get("executable_path") or None, content_wanted)
+    return EvalRequest(
+        input=body.get("input"),
+        args=body.get("args"),
+        files=files,
+        executable_path=body.get("executable_path") or None,
+        content_wanted=content_wanted,
+    )
 
 
-def _parse_file(item: dict[str, str]) -> FileAttachment:
+def _parse_file(item: dict[str, str]) -> File:
     path = item["path"]
     if path.startswith("/"):
         raise InvalidFile(f"File path '{path}' must be relative")
@@ -166,7 +169,7 @@ def _parse_file(item: dict[str, str]) -> FileAttachment:
         content = base64.b64decode(item.get("content", ""))
     except (binascii.Error, ValueError) as exc:
         raise InvalidFile(f"Invalid base64 encoding for file '{path}'") from exc
-    return FileAttachment(path, content)
+    return File(path, content)
 
 
 def _parse_body(data: bytes | bytearray, max_files: int) -> EvalRequest:
@@ -181,23 +184,8 @@ def _parse_body(data: bytes | bytearray, max_files: int) -> EvalRequest:
 def _result_body(result: EvalResult) -> bytes:
     """The 200 answer, as Starlette's JSONResponse encodes it (in a worker thread)."""
     return json.dumps(
-        _result_json(result), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+        result.to_json(), ensure_ascii=False, allow_nan=False, separators=(",", ":")
     ).encode()
-
-
-def _result_json(result: EvalResult) -> dict[str, Any]:
-    return {
-        "stdout": result.stdout,
-        "returncode": result.returncode,
-        "files": [
-            {
-                "path": file.path,
-                "size": file.size,
-                "content": base64.b64encode(file.content).decode("ascii"),
-            }
-            for file in result.files
-        ],
-    }
 
 
 class _EvalEndpoint:

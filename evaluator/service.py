@@ -14,11 +14,14 @@ import ctypes
 import logging
 import os
 import shutil
+import signal
 from collections.abc import AsyncIterator
 from types import TracebackType
 
+from snekbox_client import EndedBy, EvalRequest, EvalResult
+
 from . import limits, seccomp
-from .cgroups import Cgroups
+from .cgroups import Cgroups, RunCgroup
 from .config import EvaluatorConfig, MiB
 from .errors import InvalidExecutable, QueueFull, SandboxUnavailable
 from .host import (
@@ -29,8 +32,8 @@ from .host import (
     interpreter_paths,
     sandbox_view,
 )
-from .jail import INVALID_UTF8, SandboxView, decode_output
-from .models import EvalRequest, EvalResult, Limit
+from .jail import INVALID_UTF8, Outcome, SandboxView, decode_output
+from .models import Limit
 from .pool import Sandbox, SandboxPool
 from .users import RunUsers, covers
 from .workdir import CollectError, Workdir, WorkdirRoot, WriteError
@@ -170,7 +173,7 @@ class Evaluator:
         pool = self._pool
         if not self._started or self._closing or pool is None:
             raise RuntimeError("the evaluator is not running: call start() first")
-        command = [self._executable(request.executable_path), *_lstrip_empty(request.args)]
+        command = [self._executable(request.executable_path), *_lstrip_empty(request.argv)]
         if any("\0" in arg for arg in command):
             return EvalResult("ValueError: embedded null byte", None)
         async with self._slot():
@@ -250,7 +253,7 @@ class Evaluator:
             )
         except CollectError as exc:
             return EvalResult(str(exc), None)
-        return EvalResult(stdout, outcome.returncode, files)
+        return EvalResult(stdout, outcome.returncode, files, _ended_by(outcome, sandbox.cgroup))
 
     def _argv(self, command: list[str], workdir: Workdir) -> list[str]:
         if self._view is None:
@@ -326,6 +329,20 @@ def _visible(path: str, readonly_paths: tuple[str, ...]) -> bool:
         return any(p == root or p.startswith(root.rstrip("/") + "/") for root in readonly_paths)
 
     return inside(os.path.normpath(path)) and inside(os.path.realpath(path))
+
+
+def _ended_by(outcome: Outcome, cgroup: RunCgroup | None) -> EndedBy | None:
+    """Which limit ended the run, read before its cgroup is removed.
+
+    A SIGKILL the jail did not send is the memory limit's when the run's memory cgroup counts
+    an OOM kill, the code's own otherwise; without a memory cgroup it cannot be told: ``None``.
+    """
+    if outcome.ended_by != "exit" or outcome.returncode != 128 + signal.SIGKILL:
+        return outcome.ended_by
+    kills = None if cgroup is None else cgroup.oom_kills()
+    if kills is None:
+        return None
+    return "memory_limit" if kills else "exit"
 
 
 def _lstrip_empty(args: tuple[str, ...]) -> list[str]:

@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from snekbox_client import ContentWanted
+from snekbox_client import ContentWanted, File
 
-from .models import FileAttachment
 from .procfs import alive
 
 __all__ = ["TMP_DIR", "CollectError", "Workdir", "WorkdirRoot", "WriteError"]
@@ -127,7 +126,7 @@ class Workdir:
             os.chown(path / TMP_DIR, *owner)
         return workdir
 
-    def write_files(self, files: Iterable[FileAttachment]) -> dict[str, int]:
+    def write_files(self, files: Iterable[File]) -> dict[str, int]:
         """Write the request's files; return their mtimes (ns) to spot unmodified ones later.
 
         Raises:
@@ -158,7 +157,7 @@ class Workdir:
         max_files: int,
         timeout: float,
         content_wanted: ContentWanted | None = None,
-    ) -> tuple[FileAttachment, ...]:
+    ) -> tuple[File, ...]:
         """The files the run created or modified, by Snekbox's rules (pattern ``**/[!_]*``).
 
         Not returned: names starting with ``_``, anything under a directory or with a name
@@ -179,7 +178,7 @@ class Workdir:
             found: list[tuple[str, os.stat_result]] = []
             _scan(root_fd, "", 0, found, deadline)
             found.sort(key=lambda item: item[0])
-            files: list[FileAttachment] = []
+            files: list[File] = []
             total = 0
             room = content_wanted.max_bytes if content_wanted else 0  # content_wanted
             for rel, info in found:
@@ -198,7 +197,7 @@ class Workdir:
                 if content_wanted is None:
                     content = _read_beneath(root_fd, rel, info)
                 elif not content_wanted.matches(rel):
-                    files.append(FileAttachment(rel, b"", info.st_size))
+                    files.append(File(rel, b"", info.st_size))
                     continue
                 elif info.st_size <= room:
                     content = _read_beneath(root_fd, rel, info)
@@ -206,10 +205,10 @@ class Workdir:
                 else:
                     content = _read_beneath(root_fd, rel, info, content_wanted.head_bytes)
                     if content is not None:
-                        files.append(FileAttachment(rel, content, info.st_size))
+                        files.append(File(rel, content, info.st_size))
                     continue
                 if content is not None:
-                    files.append(FileAttachment(rel, content))
+                    files.append(File(rel, content))
             return tuple(files)
         finally:
             os.close(root_fd)

@@ -1,25 +1,78 @@
-"""The gateway's parts, one concern per module (``python_mcp_server`` composes them).
+"""The gateway's parts, one concern per module (``python_mcp_server`` is their face).
 
+Configuration and start-up:
+
+- :mod:`gateway.settings`: every setting, declared once, validated, read once at start-up.
+- :mod:`gateway.cli`: ``python-mcp-server``: flags, logging, uvicorn, draining on SIGTERM.
+
+Serving:
+
+- :mod:`gateway.app`: the Starlette app, its routes and bearer auth; the MCP server.
 - :mod:`gateway.serving`: how both services are served by uvicorn (a deadline for each
   request's headers, a cap on connections).
 - :mod:`gateway.edge`: ASGI middleware at the edge (a deadline for each request's body, loopback
   only without a token).
-- :mod:`gateway.sessions`: MCP sessions bounded in number, the longest idle closed first.
+- :mod:`gateway.sessions`: MCP sessions bounded in number, the longest idle closed first;
+  :mod:`gateway.sse_sessions`: the SSE transport's sessions in that count.
+
+The tool:
+
+- :mod:`gateway.tool`: :class:`Gateway`, which owns the evaluation service and runs each call.
+- :mod:`gateway.admission`: evaluations at once, and the bounded wait for a slot.
+- :mod:`gateway.failures`: the service's failures in words the model can act on.
+- :mod:`gateway.metrics`: the Prometheus metrics.
+
+What the model sees:
+
+- :mod:`gateway.render`: the result: text, images, structured content (the modules below are
+  its parts, imported from where they live).
+- :mod:`gateway.facts`: what an answer says, cleaned and checked; :mod:`gateway.status`: how a
+  run ended, in words; :mod:`gateway.text`: cleaning, quoting, cutting; :mod:`gateway.png`: the
+  PNG checks; :mod:`gateway.budget`: the result's size and what gives way;
+  :mod:`gateway.schema`: the published output schema.
 """
 
 from __future__ import annotations
 
+from .admission import Admission, Busy
+from .app import StaticTokenVerifier, create_app, create_server
+from .cli import DrainingServer, main
 from .edge import LoopbackGuard, RequestDeadline, is_loopback
+from .metrics import Metrics
+from .render import render_result
+from .schema import ExecutionResult, FileInfo, ImageInfo
 from .serving import GuardedH11Protocol, guarded_protocol
-from .sessions import SessionTable, SseSessions, StreamableSessions
+from .sessions import SessionTable, StreamableSessions
+from .settings import Settings, SettingsError
+from .sse_sessions import SseSessions
+from .status import Status, describe_exit
+from .tool import TOOL_NAME, Gateway
 
 __all__ = [
+    "TOOL_NAME",
+    "Admission",
+    "Busy",
+    "DrainingServer",
+    "ExecutionResult",
+    "FileInfo",
+    "Gateway",
     "GuardedH11Protocol",
+    "ImageInfo",
     "LoopbackGuard",
+    "Metrics",
     "RequestDeadline",
     "SessionTable",
+    "Settings",
+    "SettingsError",
     "SseSessions",
+    "StaticTokenVerifier",
+    "Status",
     "StreamableSessions",
+    "create_app",
+    "create_server",
+    "describe_exit",
     "guarded_protocol",
     "is_loopback",
+    "main",
+    "render_result",
 ]

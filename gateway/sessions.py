@@ -9,39 +9,34 @@ idle the longest and has no call in flight; only when every open session is busy
 (503). Busy sessions are few, since the gateway's admission bounds the calls at once.
 
 :class:`SessionTable` keeps the count; :class:`StreamableSessions` (around the SDK's session
-manager) and :class:`SseSessions` (middleware on the SSE routes) report to it.
+manager) and :class:`~gateway.sse_sessions.SseSessions` (middleware on the SSE routes) report
+to it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from starlette.datastructures import Headers, QueryParams
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from mcp.server.streamable_http import StreamableHTTPServerTransport
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-__all__ = ["SessionTable", "SseSessions", "StreamableSessions"]
+__all__ = ["Session", "SessionTable", "StreamableSessions", "too_many_sessions"]
 
 logger = logging.getLogger(__name__)
 
-#: Requests an SSE session may have outstanding that are tracked; more are not counted (a client
-#: that keeps that many unanswered is busy anyway).
-_MAX_TRACKED_REQUESTS = 256
-
 
 @dataclass(eq=False)
-class _Session:
+class Session:
     """One open session: how to close it, whether it still exists, and how busy it is."""
 
     key: str
@@ -49,7 +44,8 @@ class _Session:
     alive: Callable[[], bool]
     #: Streamable HTTP: POSTs whose body has arrived and whose answer is not finished.
     posts: int = 0
-    #: SSE: ids of requests POSTed whose response has not yet been sent on the stream.
+    #: SSE: ids of requests POSTed whose response has not yet been sent on the stream
+    #: (:mod:`gateway.sse_sessions`).
     requests: set[str | int] = field(default_factory=set)
     last_active: float = field(default_factory=time.monotonic)
 
@@ -68,7 +64,7 @@ class SessionTable:
         if limit < 1:
             raise ValueError("the session limit must be at least 1")
         self.limit = limit
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, Session] = {}
         self._last_warning = -float("inf")
         self._evicted: Counter | None = None
         if registry is not None:
@@ -86,22 +82,22 @@ class SessionTable:
         self._prune()
         return len(self._sessions)
 
-    def get(self, key: str) -> _Session | None:
+    def get(self, key: str) -> Session | None:
         return self._sessions.get(key)
 
     def admit(
         self, key: str, close: Callable[[], None], alive: Callable[[], bool]
-    ) -> _Session | None:
+    ) -> Session | None:
         """Count a new session, closing idle ones to make room; ``None``: all are busy."""
         self._prune()
         while len(self._sessions) >= self.limit:
             if not self._evict_one():
                 return None
-        session = _Session(key, close, alive)
+        session = Session(key, close, alive)
         self._sessions[key] = session
         return session
 
-    def discard(self, session: _Session) -> None:
+    def discard(self, session: Session) -> None:
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
 
@@ -131,7 +127,7 @@ class SessionTable:
         return True
 
 
-def _too_many_sessions(limit: int) -> list[Message]:
+def too_many_sessions(limit: int) -> list[Message]:
     """The 503 of a refused session: a JSON-RPC error, as the SDK words its own."""
     error = {
         "jsonrpc": "2.0",
@@ -197,7 +193,7 @@ class StreamableSessions:
         else:  # unknown, or on its way out: the SDK answers
             await self._app(scope, receive, send)
 
-    async def _serve(self, session: _Session, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(self, session: Session, scope: Scope, receive: Receive, send: Send) -> None:
         session.touch()
         if scope["method"] != "POST":
             await self._app(scope, receive, send)
@@ -217,7 +213,7 @@ class StreamableSessions:
         close anyone's session); if every counted session is busy, the new one is closed again
         and the answer replaced by a 503.
         """
-        session: _Session | None = None
+        session: Session | None = None
         refused = False
 
         async def send_registering(message: Message) -> None:
@@ -239,7 +235,7 @@ class StreamableSessions:
                             "refused a new session: all %d have a call in flight",
                             self._table.limit,
                         )
-                        for answer in _too_many_sessions(self._table.limit):
+                        for answer in too_many_sessions(self._table.limit):
                             await send(answer)
                         return
                     session.posts += 1  # the opening request, until its answer is complete
@@ -272,158 +268,3 @@ def _liveness(manager: StreamableHTTPSessionManager, session_id: str) -> Callabl
         return transport.idle_scope is None or not transport.idle_scope.cancel_called
 
     return alive
-
-
-_SESSION_ID = re.compile(rb"session_id=([0-9a-f]{32})")
-
-
-class SseSessions:
-    """Middleware counting the SSE sessions (one per ``GET sse_path`` stream) in the table.
-
-    A stream is admitted when it sends its endpoint event (by then the request has passed the
-    authentication and Host checks, so a refused request never closes anyone's session); if the
-    table is full of busy sessions, it is answered 503 instead. A session is busy while a request
-    it POSTed to ``message_path`` has not been answered on its stream. Closing a session ends
-    its stream, as the client's own disconnection would.
-    """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        table: SessionTable,
-        sse_path: str = "/sse",
-        message_path: str = "/messages/",
-    ) -> None:
-        self.app = app
-        self._table = table
-        self._sse_path = sse_path
-        self._message_path = message_path
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == self._sse_path and scope["method"] == "GET":
-            await self._stream(scope, receive, send)
-        elif scope["type"] == "http" and scope["path"] == self._message_path:
-            await self._message(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
-
-    async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session: _Session | None = None
-        start: Message | None = None
-        refused = ended = False
-
-        with anyio.CancelScope() as scope_of_stream:
-
-            async def send_watching(message: Message) -> None:
-                nonlocal session, start, refused, ended
-                if refused:
-                    return
-                if message["type"] == "http.response.start" and message["status"] == 200:
-                    start = message  # held back until the endpoint event says which session
-                    return
-                if start is not None and session is None:
-                    found = _SESSION_ID.search(message.get("body", b""))
-                    if found is not None:
-                        session = self._admit(found.group(1).decode(), scope_of_stream)
-                        if session is None:
-                            refused = True
-                            for answer in _too_many_sessions(self._table.limit):
-                                await send(answer)
-                            scope_of_stream.cancel()
-                            return
-                    await send(start)
-                    start = None
-                if session is not None and message["type"] == "http.response.body":
-                    _answered(session, message.get("body", b""))
-                    ended = not message.get("more_body", False)
-                await send(message)
-
-            try:
-                await self.app(scope, receive, send_watching)
-            finally:
-                if session is not None:
-                    self._table.discard(session)
-        if scope_of_stream.cancelled_caught and session is not None and not refused and not ended:
-            # Closed to make room: end the stream cleanly, so the client sees it finish.
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    def _admit(self, session_id: str, stream: anyio.CancelScope) -> _Session | None:
-        session = self._table.admit(f"sse:{session_id}", stream.cancel, lambda: True)
-        if session is None:
-            logger.warning("refused a new session: all %d have a call in flight", self._table.limit)
-        return session
-
-    async def _message(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session_id = QueryParams(scope.get("query_string", b"").decode("latin-1")).get("session_id")
-        session = self._table.get(f"sse:{session_id}") if session_id else None
-        if session is None:
-            await self.app(scope, receive, send)
-            return
-        session.touch()
-        body = bytearray()
-        noted: str | int | None = None
-        accepted = False
-
-        async def receive_noting() -> Message:
-            nonlocal noted
-            message = await receive()
-            if message["type"] == "http.request":
-                body.extend(message.get("body", b""))
-                if not message.get("more_body", False):
-                    # Noted before the SDK sees it: its answer may reach the stream before
-                    # this POST's handler returns.
-                    noted = _posted(session, bytes(body))
-            return message
-
-        async def send_watching(message: Message) -> None:
-            nonlocal accepted
-            if message["type"] == "http.response.start":
-                accepted = message["status"] == 202
-            await send(message)
-
-        await self.app(scope, receive_noting, send_watching)
-        if noted is not None and not accepted:  # refused: no answer will come
-            session.requests.discard(noted)
-
-
-def _posted(session: _Session, body: bytes) -> str | int | None:
-    """Note a request the session POSTed (busy until answered), or forget a cancelled one.
-
-    Returns the id of the request noted, if any.
-    """
-    try:
-        message: Any = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(message, dict):
-        return None
-    if message.get("method") == "notifications/cancelled":
-        params = message.get("params")
-        if isinstance(params, dict) and isinstance(params.get("requestId"), str | int):
-            session.requests.discard(params["requestId"])
-        return None
-    request_id = message.get("id")
-    if "method" not in message or not isinstance(request_id, str | int):
-        return None  # a notification, or a response to the server
-    if len(session.requests) >= _MAX_TRACKED_REQUESTS:
-        return None
-    session.requests.add(request_id)
-    return request_id
-
-
-def _answered(session: _Session, chunk: bytes) -> None:
-    """Forget the requests a chunk of the SSE stream answers."""
-    if not session.requests:
-        return
-    for line in chunk.splitlines():
-        if not line.startswith(b"data:"):
-            continue
-        try:
-            message: Any = json.loads(line[len(b"data:") :])
-        except ValueError:
-            continue
-        if isinstance(message, dict) and ("result" in message or "error" in message):
-            answered = message.get("id")
-            if isinstance(answered, str | int):
-                session.requests.discard(answered)
-                session.touch()

@@ -1,7 +1,8 @@
 """An async client for Snekbox's ``POST /eval`` API.
 
-This package is the only code in the project that knows the wire format of ``/eval``. It works
-against the real Snekbox and against the project's built-in evaluator alike::
+This package is the only code in the project that knows the wire format of ``/eval``: the
+gateway's requests and the built-in evaluator's answers are its models. It works against the
+real Snekbox and against the project's built-in evaluator alike::
 
     from snekbox_client import EvalRequest, File, SnekboxClient
 
@@ -14,29 +15,43 @@ Every failure of the service raises a subclass of :class:`SnekboxError` (see ``_
 
 Beyond Snekbox's API: a request's ``content_wanted`` (:class:`ContentWanted`) says which
 returned files' contents the client wants, so that the others come back as names and sizes
-only; and a plain ``http`` URL whose host resolves to several addresses (replicas behind one
-name) has its requests spread over them (:class:`BalancingTransport`).
+only; an answer's ``ended_by`` (:data:`EndedBy`) says which limit, if any, ended the run (the
+built-in evaluator sends it, Snekbox does not, and answers without it are read as before); and a
+plain ``http`` URL whose host resolves to several addresses (replicas behind one name) has its
+requests spread over them (:class:`BalancingTransport`).
 """
 
 from ._answer import AnswerReader
 from ._balancing import AddressState, BalancingTransport, Resolver, resolve
 from ._client import DEFAULT_TIMEOUT, SnekboxClient
 from ._exceptions import (
+    ConnectionLost,
     EvaluatorRejected,
     EvaluatorTimeout,
     EvaluatorUnavailable,
     InvalidResponse,
     SnekboxError,
 )
-from ._models import CONTENT_WANTED_FIELD, ContentWanted, EvalRequest, EvalResult, File
+from ._models import (
+    CONTENT_WANTED_FIELD,
+    ENDED_BY_FIELD,
+    ContentWanted,
+    EndedBy,
+    EvalRequest,
+    EvalResult,
+    File,
+)
 
 __all__ = [
     "CONTENT_WANTED_FIELD",
     "DEFAULT_TIMEOUT",
+    "ENDED_BY_FIELD",
     "AddressState",
     "AnswerReader",
     "BalancingTransport",
+    "ConnectionLost",
     "ContentWanted",
+    "EndedBy",
     "EvalRequest",
     "EvalResult",
     "EvaluatorRejected",

@@ -3,7 +3,8 @@
 A Snekbox answer can carry 48 MiB of files, 64 MiB once base64-encoded, and the client may want
 none of it (the gateway returns only figures). :class:`AnswerReader` is an incremental JSON
 parser for that one shape: fed the body chunk by chunk, it keeps ``stdout``, ``returncode``,
-each file's ``path`` and ``size``, and only the contents that :class:`ContentWanted` asks for;
+``ended_by``, each file's ``path`` and ``size``, and only the contents that :class:`ContentWanted`
+asks for;
 the rest is scanned (at C speed, with a regular expression) and dropped. Memory is bounded by
 the caps given, whatever the answer holds; feeding a chunk is cheap enough for the event loop,
 and :meth:`AnswerReader.result`, which decodes what was kept, belongs in a thread.
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._exceptions import InvalidResponse
-from ._models import ContentWanted, EvalResult, File
+from ._models import ENDED_BY_FIELD, ContentWanted, EvalResult, File, ended_by_from_answer
 
 __all__ = ["AnswerReader"]
 
@@ -102,6 +103,8 @@ class AnswerReader:
         self._string_target = ""
         self._stdout: bytearray | None = None
         self._returncode: Any = None
+        # A scalar, a string's raw body (bytearray), or a container ([]): checked by result().
+        self._ended_by: Any = None
         self._entries: list[_Entry] = []
 
     # -- feeding ---------------------------------------------------------------------------
@@ -157,7 +160,10 @@ class AnswerReader:
         ):
             raise InvalidResponse("'returncode' is neither an integer nor null")
         files = tuple(self._file(entry) for entry in self._entries)
-        return EvalResult(stdout=stdout, returncode=returncode, files=files)
+        ended_by = self._ended_by
+        if isinstance(ended_by, bytearray):
+            ended_by = _decode_string(ended_by)
+        return EvalResult(stdout, returncode, files, ended_by_from_answer(ended_by))
 
     # -- the tokenizer ---------------------------------------------------------------------
 
@@ -268,6 +274,9 @@ class AnswerReader:
             raise InvalidResponse("'stdout' is missing or not a string")
         elif parent == _TOP and key == "returncode":
             raise InvalidResponse("'returncode' is neither an integer nor null")
+        elif parent == _TOP and key == ENDED_BY_FIELD:
+            self._ended_by = []
+            role = _IGNORED
         elif parent == _FILES:
             if not is_object:
                 raise InvalidResponse("a file entry is not an object")
@@ -298,6 +307,8 @@ class AnswerReader:
             raise InvalidResponse("'stdout' is missing or not a string")
         if role == _TOP and key == "returncode":
             self._returncode = value
+        elif role == _TOP and key == ENDED_BY_FIELD:
+            self._ended_by = value
         elif role == _TOP and key == "files":
             raise InvalidResponse("'files' is not a list")
         elif role == _FILES:
@@ -317,6 +328,9 @@ class AnswerReader:
             self._stdout = bytearray()
         elif role == _TOP and key == "returncode":
             raise InvalidResponse("'returncode' is neither an integer nor null")
+        elif role == _TOP and key == ENDED_BY_FIELD:
+            target = ENDED_BY_FIELD
+            self._ended_by = bytearray()
         elif role == _TOP and key == "files":
             raise InvalidResponse("'files' is not a list")
         elif role == _FILES:
@@ -354,6 +368,9 @@ class AnswerReader:
         elif target == "stdout" and self._stdout is not None:
             self._count_text(len(chunk))
             self._stdout += chunk
+        elif target == ENDED_BY_FIELD and isinstance(self._ended_by, bytearray):
+            self._count_text(len(chunk))
+            self._ended_by += chunk
         elif target == "path" and (path := self._entries[-1].path) is not None:
             self._count_text(len(chunk))
             path += chunk

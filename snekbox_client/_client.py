@@ -14,9 +14,11 @@ import httpx
 from ._answer import AnswerReader
 from ._balancing import BalancingTransport
 from ._exceptions import (
+    ConnectionLost,
     EvaluatorRejected,
     EvaluatorTimeout,
     EvaluatorUnavailable,
+    InvalidResponse,
 )
 from ._models import ContentWanted, EvalRequest, EvalResult
 
@@ -111,10 +113,12 @@ class SnekboxClient:
         """Run one evaluation.
 
         Raises:
-            EvaluatorUnavailable: the service could not be reached.
+            EvaluatorUnavailable: the service could not be reached (the code did not run).
+            ConnectionLost: a connection was made, then broke before the whole answer came.
             EvaluatorTimeout: it did not answer within ``timeout``.
             EvaluatorRejected: it answered with an error status.
-            InvalidResponse: it answered 200 with something unparseable or over a limit.
+            InvalidResponse: it answered 200 with something unparseable, undecodable or over a
+                limit.
         """
         wanted = request.content_wanted or ContentWanted(("*",), self.max_content_bytes)
         reader = AnswerReader(
@@ -157,7 +161,11 @@ class SnekboxClient:
     async def _exchange(
         self, method: str, path: str, **kwargs: Any
     ) -> AsyncIterator[httpx.Response]:
-        """One request, its response streamed; transport failures become :class:`SnekboxError`."""
+        """One request, its response streamed; every httpx error becomes a :class:`SnekboxError`.
+
+        Whether the code may have run decides the class: not if no connection was made
+        (:class:`EvaluatorUnavailable`), perhaps if one broke (:class:`ConnectionLost`).
+        """
         try:
             async with self._http.stream(method, path, **kwargs) as response:
                 yield response
@@ -165,8 +173,23 @@ class SnekboxClient:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
                 raise EvaluatorUnavailable(self.base_url, "connection timed out") from exc
             raise EvaluatorTimeout(self.base_url, self.timeout) from exc
-        except httpx.TransportError as exc:
-            raise EvaluatorUnavailable(self.base_url, str(exc) or type(exc).__name__) from exc
+        except (
+            httpx.ReadError,
+            httpx.WriteError,
+            httpx.CloseError,
+            httpx.RemoteProtocolError,
+        ) as exc:
+            raise ConnectionLost(self.base_url, _reason(exc)) from exc
+        except httpx.TransportError as exc:  # no connection made, or no request httpx could send
+            raise EvaluatorUnavailable(self.base_url, _reason(exc)) from exc
+        except httpx.DecodingError as exc:  # a Content-Encoding whose body does not decode
+            raise InvalidResponse(f"the answer cannot be decoded: {_reason(exc)}") from exc
+        except httpx.HTTPError as exc:  # what else httpx raises for an answer (redirects, ...)
+            raise InvalidResponse(_reason(exc)) from exc
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__
 
 
 async def _read_at_most(response: httpx.Response, limit: int = _ERROR_BODY_BYTES) -> bytes:

@@ -1,10 +1,11 @@
 """Errors raised by the client, one per way the evaluation service can fail.
 
     SnekboxError
-    ├── EvaluatorUnavailable   nothing answered at the URL (connection refused, DNS, reset)
+    ├── EvaluatorUnavailable   nothing answered at the URL (connection refused, DNS): not run
+    ├── ConnectionLost         the connection broke once made: the code may have run
     ├── EvaluatorTimeout       the service accepted the request but did not answer in time
     ├── EvaluatorRejected      the service answered 4xx/5xx (``title`` / ``description`` kept)
-    └── InvalidResponse        the service answered 200 with something that is not an eval result
+    └── InvalidResponse        the answer is not an eval result (malformed, undecodable, too big)
 
 A user's code failing is not an error here: it is an :class:`EvalResult` with a non-zero
 ``returncode``.
@@ -13,6 +14,7 @@ A user's code failing is not an error here: it is an :class:`EvalResult` with a 
 from __future__ import annotations
 
 __all__ = [
+    "ConnectionLost",
     "EvaluatorRejected",
     "EvaluatorTimeout",
     "EvaluatorUnavailable",
@@ -30,6 +32,19 @@ class EvaluatorUnavailable(SnekboxError):
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(f"the evaluation service at {url} is unreachable: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class ConnectionLost(SnekboxError):
+    """The connection broke once made, before the whole answer came: the code may have run.
+
+    (httpx cannot say whether the request had been sent whole: it reads the answer even when
+    sending fails, since a server may answer early and close.)
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"the connection to the evaluation service at {url} was lost: {reason}")
         self.url = url
         self.reason = reason
 

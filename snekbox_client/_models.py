@@ -7,15 +7,33 @@ import binascii
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ._exceptions import InvalidResponse
 
-__all__ = ["CONTENT_WANTED_FIELD", "ContentWanted", "EvalRequest", "EvalResult", "File"]
+__all__ = [
+    "CONTENT_WANTED_FIELD",
+    "ENDED_BY_FIELD",
+    "ContentWanted",
+    "EndedBy",
+    "EvalRequest",
+    "EvalResult",
+    "File",
+]
 
 #: The request field of :class:`ContentWanted`: this project's extension of Snekbox's request.
 #: Snekbox's schema ignores unknown fields, so a request carrying it is valid for both services.
 CONTENT_WANTED_FIELD = "content_wanted"
+
+#: The answer field of :data:`EndedBy`: this project's extension of Snekbox's answer, which the
+#: built-in evaluator sends and Snekbox does not.
+ENDED_BY_FIELD = "ended_by"
+
+#: What ended a run: the code itself (``"exit"``: it exited, or died of a signal that no limit
+#: sent), or the limit named. A 137 is ``"time_limit"`` or ``"memory_limit"``, a 143
+#: ``"output_limit"``, unless the code killed itself with that signal.
+EndedBy = Literal["exit", "time_limit", "memory_limit", "output_limit"]
+_ENDED_BY: tuple[EndedBy, ...] = get_args(EndedBy)
 
 
 @dataclass(frozen=True)
@@ -44,7 +62,8 @@ class File:
         return len(self.content) == self.size
 
     def to_json(self) -> dict[str, str]:
-        return {"path": self.path, "content": base64.b64encode(self.content).decode("ascii")}
+        """The file as a request sends it."""
+        return {"path": self.path, "content": _base64(self.content)}
 
 
 @dataclass(frozen=True)
@@ -122,6 +141,13 @@ class EvalRequest:
         if self.input is None and self.args is None:
             raise ValueError("an EvalRequest needs input or args")
 
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The interpreter's arguments, as Snekbox builds them: ``args`` (``["-c"]`` when only
+        ``input`` is given), then ``input``."""
+        args = tuple(self.args if self.args is not None else ["-c"])
+        return args if self.input is None else (*args, self.input)
+
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {}
         if self.input is not None:
@@ -144,11 +170,16 @@ class EvalResult:
     ``returncode`` is the process's exit status (0 ok, 1 uncaught exception, 137 killed at the
     time or memory limit, 143 output cap, 128+N killed by signal N), or ``None`` when the service
     itself failed to run the code; ``stdout`` then carries its message.
+
+    ``ended_by`` says which, when the service knows (see :data:`EndedBy`); ``None``: it did not
+    say (Snekbox never does, and the built-in evaluator cannot tell a memory kill without a
+    memory cgroup).
     """
 
     stdout: str
     returncode: int | None
     files: tuple[File, ...] = ()
+    ended_by: EndedBy | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> EvalResult:
@@ -168,7 +199,42 @@ class EvalResult:
         raw_files = data.get("files", [])
         if not isinstance(raw_files, list):
             raise InvalidResponse("'files' is not a list")
-        return cls(stdout=stdout, returncode=returncode, files=tuple(map(_parse_file, raw_files)))
+        return cls(
+            stdout=stdout,
+            returncode=returncode,
+            files=tuple(map(_parse_file, raw_files)),
+            ended_by=ended_by_from_answer(data.get(ENDED_BY_FIELD)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The 200 answer (the evaluator's side); ``ended_by`` only when known."""
+        body: dict[str, Any] = {
+            "stdout": self.stdout,
+            "returncode": self.returncode,
+            "files": [
+                {"path": f.path, "size": f.size, "content": _base64(f.content)} for f in self.files
+            ],
+        }
+        if self.ended_by is not None:
+            body[ENDED_BY_FIELD] = self.ended_by
+        return body
+
+
+def ended_by_from_answer(value: Any) -> EndedBy | None:
+    """The answer's ``ended_by`` (absent or null: ``None``).
+
+    Raises:
+        InvalidResponse: it is something else than one of :data:`EndedBy`'s values.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str) and value in _ENDED_BY:
+        return value
+    raise InvalidResponse(f"'{ENDED_BY_FIELD}' is not one of {', '.join(_ENDED_BY)} or null")
+
+
+def _base64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 def _is_int(value: Any) -> bool:

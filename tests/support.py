@@ -1,4 +1,9 @@
-"""Real servers for tests: uvicorn on a free loopback port, a port where nothing listens."""
+"""Shared by every suite: real servers on loopback, MCP clients of the gateway, their results.
+
+Real servers: uvicorn on a free loopback port, a raw TCP server for misbehaviour, a port where
+nothing listens, a process polled until it answers. Clients: :func:`connect` is the one factory
+of the mcp SDK's clients over either transport; :func:`text_of` reads a tool result's text.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,21 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import httpx2
 import uvicorn
+from mcp import Client
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+
+#: The time limit of evaluators shared by many tests: far above what any call of the suite needs
+#: (the heaviest, numpy + pandas + a figure, takes about 1 s on an idle machine), so that a
+#: loaded machine never turns a normal call into a time-limit kill.
+TIME_LIMIT = 30.0
 
 
 @contextmanager
@@ -41,6 +55,42 @@ def serve(app: Any, *, startup_timeout: float = 30.0) -> Iterator[str]:
         thread.join(timeout=30)
 
 
+@contextmanager
+def raw_server(handle: Callable[[socket.socket], None] | None = None) -> Iterator[str]:
+    """A loopback TCP server for what no HTTP server does on purpose; yields its base URL.
+
+    Each connection is passed to ``handle`` in the accepting thread, then closed; without a
+    ``handle``, every connection is held open, silent, until the server stops.
+    """
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            if handle is None:
+                held.append(connection)
+                continue
+            with connection:
+                handle(connection)
+
+    thread = threading.Thread(target=accept, name="raw-server", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        for connection in held:
+            connection.close()
+        listener.close()
+
+
 def closed_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
     with socket.socket() as sock:
@@ -62,3 +112,26 @@ def wait_until_answers(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url} did not answer within {timeout:g} s") from None
             time.sleep(0.05)
+
+
+def connect(
+    base_url: str, transport: str, *, token: str | None = None, mode: str = "auto"
+) -> Client:
+    """An mcp SDK client of the gateway over ``transport`` ("sse" or "http").
+
+    ``token`` is sent as a bearer token; ``mode`` is the client's protocol negotiation
+    ("legacy": the classic handshake, which opens a session). Reads may take 300 s, so a slow
+    call fails on its test's own bound, not on the client's.
+    """
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if transport == "sse":
+        return Client(sse_client(f"{base_url}/sse", headers=headers), mode=mode)
+    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300))
+    return Client(streamable_http_client(f"{base_url}/mcp", http_client=http), mode=mode)
+
+
+def text_of(result: Any) -> str:
+    """The text block of a tool result (the first content block)."""
+    first = result.content[0]
+    assert first.type == "text", result
+    return str(first.text)

@@ -17,9 +17,9 @@ import os
 import anyio
 import httpx
 import pytest
-from mcp import Client
-from mcp.client.sse import sse_client
-from mcp.types import ImageContent, TextContent
+from mcp.types import ImageContent
+
+from tests.support import connect, text_of
 
 URL = os.environ.get("COMPOSE_TEST_URL", "").rstrip("/")
 STACK = os.environ.get("COMPOSE_TEST_STACK", "builtin")
@@ -33,22 +33,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def connect(transport: str) -> Client:
-    if transport == "sse":
-        return Client(sse_client(f"{URL}/sse"))
-    return Client(f"{URL}/mcp")
-
-
 async def call(transport: str, code: str, limit: float = 90):  # type: ignore[no-untyped-def]
     with anyio.fail_after(limit):
-        async with connect(transport) as client:
+        async with connect(URL, transport) as client:
             return await client.call_tool("execute_python_code", {"code": code})
-
-
-def text_of(result) -> str:  # type: ignore[no-untyped-def]
-    first = result.content[0]
-    assert isinstance(first, TextContent)
-    return first.text
 
 
 def test_which_evaluation_service_is_under_test() -> None:

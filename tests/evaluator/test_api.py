@@ -16,9 +16,8 @@ from .conftest import b64, config, run
 
 def test_public_api() -> None:
     assert set(evaluator.__all__) == {
-        "EvalRequest", "EvalResult", "Evaluator", "EvaluatorConfig", "EvaluatorError",
-        "FileAttachment", "InvalidExecutable", "InvalidFile", "Limit", "QueueFull",
-        "RequestInvalid", "SandboxUnavailable", "create_app",
+        "Evaluator", "EvaluatorConfig", "EvaluatorError", "InvalidExecutable", "InvalidFile",
+        "Limit", "QueueFull", "RequestInvalid", "SandboxUnavailable", "create_app",
     }  # fmt: skip
     for name in evaluator.__all__:
         assert getattr(evaluator, name).__module__.startswith("evaluator.")
@@ -37,7 +36,9 @@ def test_public_api() -> None:
 async def test_valid_requests(client: httpx.AsyncClient, body: dict[str, object]) -> None:
     response = await client.post("/eval", json=body)
     assert response.status_code == 200
-    assert response.json() == {"stdout": "output\n", "returncode": 0, "files": []}
+    assert response.json() == {
+        "stdout": "output\n", "returncode": 0, "files": [], "ended_by": "exit"
+    }  # fmt: skip
 
 
 async def test_input_is_appended_to_args(client: httpx.AsyncClient) -> None:

@@ -11,7 +11,8 @@ import anyio
 import httpx
 import pytest
 
-from evaluator import EvalRequest, Evaluator, create_app
+from evaluator import Evaluator, create_app
+from snekbox_client import EvalRequest
 from tests.support import serve
 
 from .conftest import config, run
@@ -87,7 +88,7 @@ async def _cancel_once_running(call: Callable[[], Awaitable[object]]) -> set[int
 
 async def test_cancelling_run_kills_the_sandbox_and_propagates() -> None:
     async with Evaluator(config(time_limit=_LONG, concurrency=1)) as evaluator:
-        task = asyncio.ensure_future(evaluator.run(EvalRequest(("-c", _LOOP))))
+        task = asyncio.ensure_future(evaluator.run(EvalRequest(args=("-c", _LOOP))))
         await _until(_run_processes, 10)
         await anyio.sleep(0.5)
         running = _run_processes()
@@ -98,7 +99,7 @@ async def test_cancelling_run_kills_the_sandbox_and_propagates() -> None:
         await _until(lambda: _gone(running), 2)
         assert not _run_processes()
         with anyio.fail_after(5):  # the slot was released
-            result = await evaluator.run(EvalRequest(("-c", "print('again')")))
+            result = await evaluator.run(EvalRequest(args=("-c", "print('again')")))
         assert (result.stdout, result.returncode) == ("again\n", 0)
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import anyio
 import httpx
 
-from evaluator import EvalRequest, Evaluator, create_app
+from evaluator import Evaluator, create_app
 from evaluator.jail import JailedProcess, LaunchSpec
 from evaluator.procfs import owned, reap_orphans
+from snekbox_client import EvalRequest
 
 from .conftest import config
 
@@ -28,7 +29,8 @@ async def test_many_concurrent_requests_all_succeed() -> None:
                     )
                 )
     assert [(a.status_code, a.json()) for a in answers] == [
-        (200, {"stdout": f"{i}\n", "returncode": 0, "files": []}) for i in range(24)
+        (200, {"stdout": f"{i}\n", "returncode": 0, "files": [], "ended_by": "exit"})
+        for i in range(24)
     ]
     assert not owned()
 
@@ -42,7 +44,9 @@ async def test_two_evaluators_in_one_process_never_reap_each_others_runs() -> No
         with anyio.fail_after(60):
             results = await asyncio.gather(
                 *(
-                    evaluator.run(EvalRequest(("-c", f"import sys; print({i}); sys.exit({i})")))
+                    evaluator.run(
+                        EvalRequest(args=("-c", f"import sys; print({i}); sys.exit({i})"))
+                    )
                     for i in range(12)
                     for evaluator in (first, second)
                 )

@@ -24,9 +24,10 @@ import anyio
 import httpx
 import pytest
 
-from evaluator import Evaluator, FileAttachment
+from evaluator import Evaluator
 from evaluator.config import MiB
 from evaluator.workdir import Workdir, WorkdirRoot, sweep
+from snekbox_client import File
 
 from .conftest import b64, run
 from .lockouts import LOCKOUTS, code, directories_marked
@@ -157,7 +158,7 @@ def test_a_working_directory_given_to_the_run_user_is_theirs_alone(
     root.can_mount = mounted
     workdir = Workdir.create(root, MiB, 64, owner=RUN_USER)
     try:
-        workdir.write_files([FileAttachment("d/e/f.txt", b"f"), FileAttachment("top", b"t")])
+        workdir.write_files([File("d/e/f.txt", b"f"), File("top", b"t")])
 
         def owner_and_mode(path: Path) -> tuple[int, int, int]:
             info = os.lstat(path)

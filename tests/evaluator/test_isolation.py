@@ -20,7 +20,8 @@ import anyio
 import httpx
 import pytest
 
-from evaluator import EvalRequest, Evaluator
+from evaluator import Evaluator
+from snekbox_client import EvalRequest
 
 from . import isolation
 from .conftest import config, run
@@ -55,7 +56,7 @@ async def test_only_the_needed_socket_families(client: httpx.AsyncClient) -> Non
 async def test_the_host_sees_an_unprivileged_uid_without_capabilities(roomy: Evaluator) -> None:
     marker = "marker-" + secrets.token_hex(8)
     code = "import time\ntime.sleep(20)"
-    task = asyncio.ensure_future(roomy.run(EvalRequest(("-c", code, marker))))
+    task = asyncio.ensure_future(roomy.run(EvalRequest(args=("-c", code, marker))))
     try:
         with anyio.fail_after(20):
             # Polling another process's state: no event to wait for.
@@ -84,7 +85,7 @@ async def test_one_run_cannot_take_the_inotify_quota_of_the_host_or_another_run(
     still get theirs (as root each run has a uid, hence a quota, of its own)."""
     marker = "marker-" + secrets.token_hex(8)
     hog = asyncio.ensure_future(
-        roomy.run(EvalRequest(("-c", isolation.inotify_hog(hold=8), marker)))
+        roomy.run(EvalRequest(args=("-c", isolation.inotify_hog(hold=8), marker)))
     )
     try:
         with anyio.fail_after(20):
@@ -93,7 +94,7 @@ async def test_one_run_cannot_take_the_inotify_quota_of_the_host_or_another_run(
         fd = libc.inotify_init1(0)
         assert fd >= 0, f"the host lost its inotify instances: errno {ctypes.get_errno()}"
         os.close(fd)
-        probe = await roomy.run(EvalRequest(("-c", isolation.inotify_probe(delay=0))))
+        probe = await roomy.run(EvalRequest(args=("-c", isolation.inotify_probe(delay=0))))
         assert probe.stdout == "ok\n", "the second run lost its inotify instances"
     finally:
         result = await hog
@@ -109,7 +110,7 @@ async def test_the_time_limit_holds_while_the_event_loop_is_stalled() -> None:
         "    time.sleep(0.05)\n"
     )
     async with Evaluator(config(time_limit=1)) as evaluator:
-        task = asyncio.ensure_future(evaluator.run(EvalRequest(("-c", code))))
+        task = asyncio.ensure_future(evaluator.run(EvalRequest(args=("-c", code))))
         await asyncio.sleep(0.3)  # running
         time.sleep(4)  # noqa: ASYNC251 - the stall under test: nothing else runs on the loop
         result = await task
@@ -133,7 +134,7 @@ async def test_a_run_cannot_use_more_than_its_cpu_quota(roomy: Evaluator) -> Non
         "times = os.times()\n"
         "print((times.children_user + times.children_system) / (time.monotonic() - start))\n"
     )
-    result = await roomy.run(EvalRequest(("-c", code)))
+    result = await roomy.run(EvalRequest(args=("-c", code)))
     assert result.returncode == 0, result.stdout
     cpus = float(result.stdout)
     # The kernel enforces the quota per period; load elsewhere can only lower the share.
@@ -183,7 +184,7 @@ async def test_two_services_never_give_their_sandboxes_the_same_uid() -> None:
     """Each sandbox's uid is claimed host-wide, so two evaluators (or processes) share none."""
     async with Evaluator(config()) as first, Evaluator(config()) as second:
         ready = [s.user for e in (first, second) if e._pool for s in e._pool._ready]
-        result = await second.run(EvalRequest(("-c", "import os; print(os.getuid())")))
+        result = await second.run(EvalRequest(args=("-c", "import os; print(os.getuid())")))
     assert result.returncode == 0, result.stdout
     assert len(ready) == 4 and None not in ready, ready  # two ready sandboxes each
     assert len(set(ready)) == len(ready), f"two sandboxes share a uid: {ready}"
@@ -207,5 +208,5 @@ async def test_an_environment_below_a_directory_the_run_cannot_enter(tmp_path: P
         bwrap=str(bwrap),
     )
     async with Evaluator(settings) as evaluator:
-        result = await evaluator.run(EvalRequest(("-c", "import sys; print(sys.prefix)")))
+        result = await evaluator.run(EvalRequest(args=("-c", "import sys; print(sys.prefix)")))
     assert (result.stdout, result.returncode) == (f"{venv}\n", 0)

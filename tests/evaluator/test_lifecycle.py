@@ -10,8 +10,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from evaluator import EvalRequest, Evaluator, SandboxUnavailable
+from evaluator import Evaluator, SandboxUnavailable
 from evaluator.cgroups import _cgroup_mounts, _own_v1_cgroup
+from snekbox_client import EvalRequest
 
 from .conftest import config
 
@@ -73,7 +74,7 @@ async def test_nothing_is_left_after_a_batch_of_hostile_runs() -> None:
     root = evaluator._root.path
     with anyio.fail_after(60):
         results = await asyncio.gather(
-            *(evaluator.run(EvalRequest(("-c", code))) for code in _HOSTILE)
+            *(evaluator.run(EvalRequest(args=("-c", code))) for code in _HOSTILE)
         )
         await evaluator.aclose()
     assert [r.returncode for r in results] == [137, 0, 137, 137, 143, 0, 137, 1, 139]
@@ -87,7 +88,7 @@ async def test_nothing_is_left_after_a_batch_of_hostile_runs() -> None:
 
 async def test_without_prewarming() -> None:
     async with Evaluator(config(prewarm=False)) as evaluator:
-        result = await evaluator.run(EvalRequest(("-c", "print(2 + 2)")))
+        result = await evaluator.run(EvalRequest(args=("-c", "print(2 + 2)")))
         assert (result.stdout, result.returncode) == ("4\n", 0)
 
 

@@ -66,6 +66,25 @@ async def test_memory_bomb_is_137(client: httpx.AsyncClient) -> None:
     assert (result["returncode"], result["stdout"]) == (137, "")
 
 
+@pytest.mark.parametrize(
+    ("code", "returncode", "ended_by"),
+    [
+        ("print('started', flush=True)\nwhile True: pass", 137, "time_limit"),
+        ("x = bytearray(2 * 1024**3)", 137, "memory_limit"),
+        ("while True: print('x' * 1000)", 143, "output_limit"),
+        # The same signals sent by the code itself: no limit ended it.
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137, "exit"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", 143, "exit"),
+        ("1/0", 1, "exit"),
+    ],
+)
+async def test_the_answer_says_which_limit_ended_the_run(
+    client: httpx.AsyncClient, code: str, returncode: int, ended_by: str
+) -> None:
+    result = await run(client, code)
+    assert (result["returncode"], result["ended_by"]) == (returncode, ended_by)
+
+
 async def test_fork_bomb_stops_at_the_pids_limit(client: httpx.AsyncClient) -> None:
     code = (
         "import os, time\n"

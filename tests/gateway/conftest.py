@@ -1,4 +1,7 @@
-"""The gateway under test, with short limits, on the built-in evaluator in-process or over HTTP."""
+"""The gateway under test, with short limits, on the built-in evaluator in-process or over HTTP.
+
+``connect`` (from :mod:`tests.support`) is importable from here too, as it always was.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +9,26 @@ import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
+from typing import Any
 
 import pytest
-from mcp import Client
-from mcp.client.sse import sse_client
 
 from python_mcp_server import Settings, create_app
-from tests.support import closed_port, serve, wait_until_answers
+from tests.support import TIME_LIMIT, closed_port, serve, wait_until_answers
+from tests.support import connect as connect
 
-#: The time limit of the shared gateways: far above what any call of the suite needs (the
-#: heaviest, numpy + pandas + a figure, takes about 1 s on an idle machine), so that a loaded
-#: machine never turns a normal call into a time-limit kill.
-TIME_LIMIT = 30.0
 #: The time limit of the gateways that test the kill itself, whose code never ends.
 KILL_LIMIT = 2.0
 
 
+def with_evaluator(settings: Settings, **changes: Any) -> Settings:
+    """``settings`` with these changes to the built-in evaluator's config."""
+    evaluator_config = settings.evaluator_config.model_copy(update=changes)
+    return settings.model_copy(update={"evaluator_config": evaluator_config})
+
+
 def with_time_limit(settings: Settings, time_limit: float) -> Settings:
-    return replace(
-        settings, evaluator_config=replace(settings.evaluator_config, time_limit=time_limit)
-    )
+    return with_evaluator(settings, time_limit=time_limit)
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +57,8 @@ def gateway(settings: Settings, where: str) -> Iterator[str]:
     with contextlib.ExitStack() as stack:
         if where == "over-http":
             service = evaluator_service(settings.evaluator_config.time_limit)
-            settings = replace(settings, snekbox_url=stack.enter_context(service))
+            url = stack.enter_context(service)
+            settings = settings.model_copy(update={"snekbox_url": url})
         yield stack.enter_context(serve(create_app(settings)))
 
 
@@ -70,10 +73,3 @@ def kill_gateway_url(request: pytest.FixtureRequest, settings: Settings) -> Iter
     """A gateway whose runs are killed after :data:`KILL_LIMIT` seconds."""
     with gateway(with_time_limit(settings, KILL_LIMIT), request.param) as url:
         yield url
-
-
-def connect(base_url: str, transport: str) -> Client:
-    """An mcp SDK client of the gateway over ``transport`` ("sse" or "http")."""
-    if transport == "sse":
-        return Client(sse_client(f"{base_url}/sse"))
-    return Client(f"{base_url}/mcp")

@@ -1,5 +1,6 @@
 """Helpers of the hostile-input and fault suites: processes, raw JSON-RPC, the process tree.
 
+(The MCP clients and ``text_of`` are shared with the other suites: :mod:`tests.support`.)
 Everything here talks to real servers on loopback: a gateway or an evaluator run as its own
 process (``python -m python_mcp_server`` / ``python -m evaluator``), and MCP spoken either by the
 SDK's clients or, for inputs the SDK would never send, as raw JSON-RPC over HTTP with httpx.
@@ -19,10 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import httpx2
-from mcp import Client
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
 
 from tests.support import closed_port
 
@@ -128,25 +125,6 @@ def running(service: ServiceProcess) -> Iterator[ServiceProcess]:
         yield service
     finally:
         service.stop()
-
-
-# --- MCP clients --------------------------------------------------------------------------------
-
-
-def client(base_url: str, transport: str, token: str | None = None) -> Client:
-    """An mcp SDK client over ``transport`` ("sse" or "http"), sending ``token`` if given."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if transport == "sse":
-        return Client(sse_client(f"{base_url}/sse", headers=headers))
-    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300))
-    return Client(streamable_http_client(f"{base_url}/mcp", http_client=http))
-
-
-def text_of(result: Any) -> str:
-    """The text block of a tool result (the first content block)."""
-    first = result.content[0]
-    assert first.type == "text", result
-    return str(first.text)
 
 
 # --- Raw JSON-RPC over Streamable HTTP ----------------------------------------------------------

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable
-from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -19,8 +18,8 @@ from mcp import Client
 
 from evaluator import SandboxUnavailable
 from python_mcp_server import Gateway, Settings
-from tests.gateway.conftest import connect
-from tests.support import closed_port, wait_until_answers
+from tests.gateway.conftest import with_evaluator
+from tests.support import closed_port, connect, wait_until_answers
 
 
 def test_healthz_and_readyz(gateway_url: str) -> None:
@@ -38,9 +37,7 @@ def test_bad_host_header_is_refused(gateway_url: str) -> None:
 
 @pytest.mark.anyio
 async def test_no_sandbox_means_no_start(settings: Settings) -> None:
-    broken = replace(
-        settings, evaluator_config=replace(settings.evaluator_config, bwrap="/nonexistent/bwrap")
-    )
+    broken = with_evaluator(settings, bwrap="/nonexistent/bwrap")
     with pytest.raises(SandboxUnavailable, match="SNEKBOX_URL"):
         async with Gateway(broken):
             pass

@@ -20,11 +20,8 @@ from typing import Any
 
 import anyio
 import httpx
-import httpx2
 import pytest
 from mcp import Client
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
 
 from tests.gateway.harness import (
     ACCEPT,
@@ -33,7 +30,6 @@ from tests.gateway.harness import (
     ServiceProcess,
     gateway_process,
     running,
-    text_of,
     wait_for,
 )
 from tests.slow_clients import (
@@ -45,7 +41,7 @@ from tests.slow_clients import (
     stall,
     trickle,
 )
-from tests.support import closed_port
+from tests.support import closed_port, connect, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -88,10 +84,7 @@ def session_client(base_url: str, transport: str) -> Client:
     (In its default mode the client first tries the sessionless 2026 protocol, which a session
     bound cannot affect.)
     """
-    if transport == "sse":
-        return Client(sse_client(f"{base_url}/sse"))
-    http = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120))
-    return Client(streamable_http_client(f"{base_url}/mcp", http_client=http), mode="legacy")
+    return connect(base_url, transport, mode="auto" if transport == "sse" else "legacy")
 
 
 async def flood(base_url: str, count: int) -> list[str]:

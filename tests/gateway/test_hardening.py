@@ -7,30 +7,17 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
-from mcp import Client
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.types import TextContent
 
 from python_mcp_server import Admission, Busy, Settings, create_app
-from tests.gateway.conftest import connect
-from tests.support import serve
+from tests.support import connect, serve, text_of
 
 TOKEN = "s3cret-token-for-tests"
 SLEEP = "import time\ntime.sleep({seconds})\nprint('slept')"
-
-
-def text_of(result) -> str:  # type: ignore[no-untyped-def]
-    first = result.content[0]
-    assert isinstance(first, TextContent)
-    return first.text
 
 
 # --- authentication ---------------------------------------------------------------------------
@@ -38,16 +25,8 @@ def text_of(result) -> str:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def authed_url(settings: Settings) -> Iterator[str]:
-    with serve(create_app(replace(settings, auth_token=TOKEN))) as url:
+    with serve(create_app(settings.model_copy(update={"auth_token": TOKEN}))) as url:
         yield url
-
-
-def authed_client(url: str, transport: str, token: str) -> Client:
-    headers = {"Authorization": f"Bearer {token}"}
-    if transport == "sse":
-        return Client(sse_client(f"{url}/sse", headers=headers))
-    http = create_mcp_http_client(headers=headers)
-    return Client(streamable_http_client(f"{url}/mcp", http_client=http))
 
 
 @pytest.mark.parametrize(
@@ -80,7 +59,7 @@ async def test_the_right_token_gets_in_and_is_never_logged(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     with anyio.fail_after(60):
-        async with authed_client(authed_url, transport, TOKEN) as client:
+        async with connect(authed_url, transport, token=TOKEN) as client:
             result = await client.call_tool("execute_python_code", {"code": "print('in')"})
     assert text_of(result).startswith("in\n")
     assert TOKEN not in caplog.text
@@ -158,7 +137,7 @@ async def test_admission_bounds_the_wait() -> None:
 
 @pytest.mark.anyio
 async def test_the_cap_holds_across_both_transports(settings: Settings) -> None:
-    capped = replace(settings, max_in_flight=1, max_waiting=0)
+    capped = settings.model_copy(update={"max_in_flight": 1, "max_waiting": 0})
     with serve(create_app(capped)) as url:
         busy_result = None
         with anyio.fail_after(60):
@@ -193,7 +172,7 @@ async def test_progress_is_reported_while_a_call_runs(settings: Settings, transp
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append((progress, total, message))
 
-    with serve(create_app(replace(settings, progress_interval=0.3))) as url:
+    with serve(create_app(settings.model_copy(update={"progress_interval": 0.3}))) as url:
         with anyio.fail_after(60):
             async with connect(url, transport) as client:
                 result = await client.call_tool(

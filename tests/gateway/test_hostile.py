@@ -30,14 +30,13 @@ from tests.gateway.harness import (
     PROTOCOL_VERSION,
     RawSession,
     ServiceProcess,
-    client,
     descendants,
     gateway_process,
     jsonrpc_messages,
     open_fds,
-    text_of,
     wait_for,
 )
+from tests.support import connect, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -861,7 +860,7 @@ async def test_after_the_suite_the_gateway_still_serves(gateway: Gateway) -> Non
     """
     for transport in ("sse", "http"):
         with anyio.fail_after(60):
-            async with client(gateway.url, transport, TOKEN) as mcp:
+            async with connect(gateway.url, transport, token=TOKEN) as mcp:
                 result = await mcp.call_tool("execute_python_code", {"code": "print(6 * 7)"})
         assert not result.is_error
         assert text_of(result) == "42\n[end of output]\n[exit code 0: ok]"

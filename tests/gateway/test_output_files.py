@@ -21,7 +21,8 @@ import anyio
 import httpx
 import pytest
 
-from tests.gateway.harness import ServiceProcess, client, gateway_process, text_of
+from tests.gateway.harness import ServiceProcess, gateway_process
+from tests.support import connect, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -117,7 +118,7 @@ def gateway(request: pytest.FixtureRequest) -> Iterator[ServiceProcess]:
 
 
 async def call(url: str, code: str) -> Any:
-    async with client(url, "http") as mcp:
+    async with connect(url, "http") as mcp:
         with anyio.fail_after(120):
             return await mcp.call_tool("execute_python_code", {"code": code})
 

@@ -6,7 +6,7 @@ import pytest
 from mcp.types import TextContent
 
 from python_mcp_server import Settings, describe_exit, render_result
-from snekbox_client import EvalResult
+from snekbox_client import EndedBy, EvalResult
 
 
 @pytest.mark.parametrize(
@@ -60,6 +60,28 @@ def test_exit_status_in_words(returncode: int | None, stdout: str, status: str, 
     got_status, message = describe_exit(returncode, stdout, 3.0)
     assert got_status == status
     assert words in message
+
+
+@pytest.mark.parametrize(
+    ("returncode", "ended_by", "status", "words"),
+    [
+        # Snekbox does not say which limit: both are named.
+        (137, None, "killed", "killed after 3.0 s (exit code 137, SIGKILL): the time limit or"),
+        (137, "time_limit", "killed", "the time limit was reached; make the code faster"),
+        (137, "memory_limit", "killed", "the memory limit was reached; use less memory"),
+        (143, "output_limit", "output_limit", "the output limit was reached"),
+        # The code's own signals: no limit is blamed.
+        (137, "exit", "signal", "killed by signal SIGKILL (exit code 137)"),
+        (143, "exit", "signal", "killed by signal SIGTERM (exit code 143)"),
+    ],
+)
+def test_the_limit_the_evaluator_names_is_the_one_said(
+    returncode: int, ended_by: EndedBy | None, status: str, words: str
+) -> None:
+    got_status, message = describe_exit(returncode, "", 3.0, ended_by)
+    assert (got_status, words in message) == (status, True), message
+    other = {"time_limit": "memory", "memory_limit": "time"}.get(str(ended_by))
+    assert other is None or other not in message
 
 
 def test_long_output_keeps_head_and_tail_and_says_sizes() -> None:

@@ -18,13 +18,13 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp.types import CallToolResult, ImageContent, TextContent
+from mcp.types import CallToolResult, ImageContent
 from PIL import Image
 
 from plotting import MANIFEST_NAME, PNG_SIGNATURE
 from python_mcp_server import Settings, render_result
 from snekbox_client import EvalResult, File
-from tests.gateway.conftest import connect
+from tests.support import connect, text_of
 
 MiB = 1024 * 1024
 
@@ -41,12 +41,6 @@ def render(
     return render_result(
         EvalResult(stdout, returncode, files), duration=0.1, settings=Settings(**settings)
     )
-
-
-def text_of(result: CallToolResult) -> str:
-    first = result.content[0]
-    assert isinstance(first, TextContent)
-    return first.text
 
 
 def structured(result: CallToolResult) -> dict[str, Any]:

@@ -9,12 +9,12 @@ import re
 import anyio
 import httpx
 import pytest
-from mcp.types import ImageContent, TextContent
+from mcp.types import ImageContent
 from PIL import Image
 
 from python_mcp_server import Settings, create_app
-from tests.gateway.conftest import KILL_LIMIT, connect
-from tests.support import closed_port, serve
+from tests.gateway.conftest import KILL_LIMIT
+from tests.support import closed_port, connect, serve, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("transport", ["sse", "http"])]
 
@@ -31,12 +31,6 @@ async def call(url: str, transport: str, code: str):  # type: ignore[no-untyped-
     with anyio.fail_after(60):
         async with connect(url, transport) as client:
             return await client.call_tool("execute_python_code", {"code": code})
-
-
-def text_of(result) -> str:  # type: ignore[no-untyped-def]
-    first = result.content[0]
-    assert isinstance(first, TextContent)
-    return first.text
 
 
 async def test_print(gateway_url: str, transport: str) -> None:
@@ -99,10 +93,23 @@ async def test_time_limit_kill(kill_gateway_url: str, transport: str) -> None:
     assert result.structured_content["status"] == "killed"
     text = text_of(result)
     assert text.startswith("spinning\n")
-    assert "time limit or the memory limit" in text
+    # The built-in evaluator says which limit (ended_by), and the model is told what to do.
+    assert "the time limit was reached; make the code faster or make it do less" in text
+    assert "memory" not in text
     killed_after = re.search(r"killed after (\d+\.\d) s", text)
     # Not before the limit; the upper bound only says the run did not go on unbounded.
     assert killed_after and KILL_LIMIT <= float(killed_after.group(1)) < KILL_LIMIT + 10
+
+
+async def test_memory_limit_kill(gateway_url: str, transport: str) -> None:
+    result = await call(gateway_url, transport, "x = bytearray(2 * 1024**3)\nprint('survived')")
+    assert not result.is_error
+    assert result.structured_content["returncode"] == 137
+    assert result.structured_content["status"] == "killed"
+    text = text_of(result)
+    assert text.startswith("(no output)")
+    assert "the memory limit was reached; use less memory, e.g. process the data in chunks" in text
+    assert "time limit" not in text
 
 
 async def test_output_flood_is_capped_and_cut(gateway_url: str, transport: str) -> None:

@@ -15,10 +15,8 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from tests.support import wait_until_answers
+from tests.support import TIME_LIMIT, wait_until_answers
 
-#: Far above what the calls here need, so a loaded machine never turns one into a kill.
-TIME_LIMIT = 30.0
 #: The replicas' addresses.
 REPLICAS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 

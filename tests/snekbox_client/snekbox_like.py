@@ -3,7 +3,8 @@
 Snekbox's request schema ignores unknown fields, so it answers a request carrying
 ``content_wanted`` with every file's full content. This serves the real evaluator behind an ASGI
 wrapper that drops the field from each ``POST /eval`` body: the answers are then Snekbox's, with
-all contents, and the client's own reading of them is what is under test.
+all contents (and the evaluator's ``ended_by``, which is not what is tested here), and the
+client's own reading of them is what is under test.
 
     python -m tests.snekbox_client.snekbox_like --port 8060 [--host 127.0.0.1]
 """

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from snekbox_client import AnswerReader, ContentWanted, EvalResult, File, InvalidResponse
+from snekbox_client import (
+    AnswerReader,
+    ContentWanted,
+    EndedBy,
+    EvalResult,
+    File,
+    InvalidResponse,
+)
 
 EVERYTHING = ContentWanted(("*",), 1 << 30)
 
@@ -37,6 +44,9 @@ def random_answer(rng: random.Random) -> dict[str, Any]:
     stdout = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
     answer = {"stdout": stdout, "returncode": rng.choice([0, 1, None, 137]), "files": files}
     answer["unknown"] = {"nested": [[], {}, "x" * rng.randint(0, 30)]}
+    ended_by = rng.choice(["absent", None, "exit", "time_limit", "memory_limit", "output_limit"])
+    if ended_by != "absent":
+        answer["ended_by"] = ended_by
     return answer
 
 
@@ -115,6 +125,10 @@ def test_escaped_base64_is_decoded() -> None:
         (b'{"stdout": "a", "files": [{"path": "x", "size": "1"}]}', "invalid 'size'"),
         (b'{"stdout": "a", "files": [{"path": "x", "size": 1, "content": "YWI="}]}', "'size'"),
         (b'{"x": ' + b"[" * 100 + b"]" * 100 + b', "stdout": ""}', "nested too deep"),
+        (b'{"stdout": "a", "ended_by": "killed"}', "'ended_by' is not one of exit, time_limit"),
+        (b'{"stdout": "a", "ended_by": 137}', "'ended_by' is not one of"),
+        (b'{"stdout": "a", "ended_by": ["time_limit"]}', "'ended_by' is not one of"),
+        (b'{"stdout": "a", "ended_by": {"x": [1]}}', "'ended_by' is not one of"),
     ],
 )
 def test_what_is_not_an_eval_result_is_invalid(body: bytes, message: str) -> None:
@@ -122,6 +136,15 @@ def test_what_is_not_an_eval_result_is_invalid(body: bytes, message: str) -> Non
         read(body, chunk=3, max_files=1)
     with pytest.raises(InvalidResponse, match=re.escape(message)):  # content not wanted
         read(body, ContentWanted(), chunk=1000, max_files=1)
+
+
+@pytest.mark.parametrize("ended_by", [None, "exit", "time_limit", "memory_limit", "output_limit"])
+def test_ended_by_is_read_and_written(ended_by: EndedBy | None) -> None:
+    """The built-in evaluator's extension; Snekbox's answers, without it, read as ``None``."""
+    result = EvalResult("out", 137, (File("a", b"xy"),), ended_by)
+    body = json.dumps(result.to_json()).encode()
+    assert ("ended_by" in json.loads(body)) == (ended_by is not None)
+    assert read(body) == EvalResult.from_json(json.loads(body)) == result
 
 
 def test_caps() -> None:

@@ -24,8 +24,7 @@ from snekbox_client import (
     SnekboxClient,
 )
 from tests.gateway.harness import ServiceProcess, evaluator_process
-
-from .conftest import TIME_LIMIT
+from tests.support import TIME_LIMIT
 
 pytestmark = pytest.mark.anyio
 

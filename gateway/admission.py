@@ -1,0 +1,65 @@
+"""Admission: how many evaluations run at once, and how long a call may wait for a slot.
+
+The limit matches what the evaluation service runs at once (its workers, by default), so a call
+waits here, where the wait is bounded and said, rather than in the service's own queue, where
+the gateway could not tell waiting from running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import anyio
+
+__all__ = ["Admission", "Busy"]
+
+
+class Busy(Exception):
+    """No evaluation slot could be had: the wait queue is full or the wait took too long."""
+
+
+class Admission:
+    """At most ``limit`` evaluations at once across every session and transport.
+
+    Up to ``max_waiting`` more wait for a slot, each at most ``max_wait`` seconds; beyond either
+    bound the call is refused at once with :class:`Busy`, so no caller hangs.
+    """
+
+    def __init__(self, limit: int, max_waiting: int, max_wait: float) -> None:
+        self.limit = limit
+        self.max_waiting = max_waiting
+        self.max_wait = max_wait
+        self.in_flight = 0
+        self.waiting = 0
+        self._slots = anyio.Semaphore(limit)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one slot for the block, waiting for it within the bounds.
+
+        Raises:
+            Busy: the queue is full, or no slot came free within ``max_wait``.
+        """
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._wait_for_slot()
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
+
+    async def _wait_for_slot(self) -> None:
+        if self.waiting >= self.max_waiting:
+            raise Busy(f"all {self.limit} slots are running and {self.waiting} calls are waiting")
+        self.waiting += 1
+        try:
+            with anyio.fail_after(self.max_wait):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise Busy(f"no slot came free within {self.max_wait:g} s") from None
+        finally:
+            self.waiting -= 1

@@ -1,0 +1,144 @@
+"""The HTTP app: the MCP server over SSE and Streamable HTTP, health routes, bearer auth.
+
+:func:`create_server` is the MCP server with its one tool; :func:`create_app` the Starlette app
+around it, whose lifespan starts the :class:`~gateway.tool.Gateway` and the Streamable HTTP
+session manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+from importlib import metadata
+from typing import Any
+
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from .edge import LoopbackGuard, RequestDeadline
+from .sessions import SessionTable, StreamableSessions
+from .settings import Settings
+from .sse_sessions import SseSessions
+from .tool import TOOL_NAME, Gateway
+
+__all__ = ["StaticTokenVerifier", "create_app", "create_server"]
+
+#: The distribution whose version the server announces (``serverInfo.version``).
+_DISTRIBUTION = "python-mcp-server"
+#: Routes that need no token and are served to any address: they reveal nothing secret.
+_OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
+
+
+class StaticTokenVerifier:
+    """Accepts exactly one bearer token, compared in constant time."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if hmac.compare_digest(token.encode(), self._token):
+            return AccessToken(token=token, client_id="bearer", scopes=[])
+        return None
+
+    def __repr__(self) -> str:
+        return "StaticTokenVerifier(token=<hidden>)"
+
+
+def create_server(gateway: Gateway) -> MCPServer[Any]:
+    """The MCP server with its one tool, bound to ``gateway``; bearer auth when a token is set."""
+    settings = gateway.settings
+    auth: dict[str, Any] = {}
+    if settings.auth_token:
+        auth = {
+            "token_verifier": StaticTokenVerifier(settings.auth_token),
+            # The SDK's resource-server mode: it checks bearer tokens and answers 401 with
+            # WWW-Authenticate; the issuer is only advertised, never contacted.
+            "auth": AuthSettings(
+                issuer_url=settings.url,  # type: ignore[arg-type]
+                resource_server_url=None,
+            ),
+        }
+    server: MCPServer[Any] = MCPServer(
+        name="python-mcp-server",
+        version=metadata.version(_DISTRIBUTION),
+        instructions="Use execute_python_code to run Python: computations, data, charts.",
+        **auth,
+    )
+    server.add_tool(
+        gateway.execute_python_code,
+        name=TOOL_NAME,
+        title="Run Python",
+        description=gateway.tool_description(),
+        annotations=ToolAnnotations(
+            read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+        ),
+    )
+    return server
+
+
+def create_app(settings: Settings) -> Starlette:
+    """The Starlette app serving SSE, Streamable HTTP, ``/healthz``, ``/readyz`` and ``/metrics``.
+
+    The gateway (evaluator, HTTP client) and the Streamable HTTP session manager live in the
+    app's lifespan, so the app must be run by a server that runs lifespans (uvicorn does).
+
+    Raises:
+        ValueError: the settings are unsafe (see :meth:`Settings.check`).
+    """
+    settings.check()
+    gateway = Gateway(settings)
+    server = create_server(gateway)
+    security = settings.transport_security()
+    body_limit = settings.max_request_bytes
+    sse = server.sse_app(transport_security=security, max_request_body_size=body_limit)
+    streamable = server.streamable_http_app(
+        transport_security=security,
+        max_request_body_size=body_limit,
+        session_idle_timeout=settings.session_idle_timeout,
+        # A backstop only: the table below keeps the count, closing idle sessions.
+        max_sessions=2 * settings.max_sessions,
+    )
+    sessions = SessionTable(settings.max_sessions, registry=gateway.metrics.registry)
+    StreamableSessions.install(server.session_manager, sessions)
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> JSONResponse:
+        reason = await gateway.readiness()
+        if reason is None:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with gateway, server.session_manager.run():
+            yield
+
+    routes: list[BaseRoute] = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *sse.routes,
+        *streamable.routes,
+    ]
+    middleware = [Middleware(RequestDeadline, timeout=settings.request_timeout)]
+    if not settings.auth_token and not settings.allow_unauthenticated:
+        middleware.append(Middleware(LoopbackGuard, open_paths=_OPEN_PATHS))
+    # Both sub-apps carry the same authentication middleware (none without a token).
+    middleware += [*streamable.user_middleware, Middleware(SseSessions, table=sessions)]
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app

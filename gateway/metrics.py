@@ -1,0 +1,46 @@
+"""The gateway's Prometheus metrics, served at ``GET /metrics``."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .admission import Admission
+
+__all__ = ["Metrics"]
+
+
+class Metrics:
+    """The gateway's metrics, in a registry of its own (one per app, so tests do not share)."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.registry = CollectorRegistry()
+        self.calls = Counter(
+            "mcp_tool_calls",
+            "execute_python_code calls by outcome (a run's status, or the service failure)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "mcp_tool_call_duration_seconds",
+            "Time from the call's arrival to its answer",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80),
+            registry=self.registry,
+        )
+        self.evaluator_errors = Counter(
+            "mcp_evaluator_errors",
+            "Failures of the evaluation service, by kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        in_flight = Gauge(
+            "mcp_evaluations_in_flight", "Evaluations running", registry=self.registry
+        )
+        in_flight.set_function(lambda: admission.in_flight)
+        waiting = Gauge(
+            "mcp_evaluations_waiting", "Calls waiting for a slot", registry=self.registry
+        )
+        waiting.set_function(lambda: admission.waiting)
+
+    def render(self) -> bytes:
+        """The metrics in Prometheus' text format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,168 @@
+"""What the model sees: one text block, one image per figure returned, and structured content.
+
+The text is the output (cleaned, possibly cut in the middle), a closing line that the output
+does not contain, then the gateway's own lines: the exit status in words, figures not returned
+and why, files written and files not returned, names quoted. The structured content holds the
+same facts under the published schema (:mod:`gateway.schema`). The serialized whole stays within
+the budget (:mod:`gateway.budget`).
+"""
+
+from __future__ import annotations
+
+from base64 import b64encode
+
+from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
+
+from snekbox_client import EvalResult
+
+from .budget import (
+    ENVELOPE_BYTES,
+    LISTING_CHARS,
+    OUTPUT_FLOOR,
+    OVER_BUDGET,
+    Cut,
+    choose_images,
+    wire_size,
+)
+from .facts import NOT_RETURNED, Facts
+from .schema import ExecutionResult, FileInfo, ImageInfo
+from .settings import Settings
+from .text import MAX_LISTED, cut_middle, end_of_output, fitting, listing, quote
+
+__all__ = ["compose", "render_result"]
+
+
+def render_result(result: EvalResult, *, duration: float, settings: Settings) -> CallToolResult:
+    """Turn an evaluation into what the model reads: text, one image per figure, file lists.
+
+    The serialized result stays within ``settings.max_result_bytes`` (less room for the
+    envelope). Figures are chosen against a result whose output is cut to
+    :data:`~gateway.budget.OUTPUT_FLOOR` characters; then the output gets what is left, up to
+    ``max_output_chars``. Should that not be enough (output made of characters that take 12
+    bytes each once escaped, say), :meth:`~gateway.budget.Cut.smaller` says what gives way, and
+    each cut is said in the text.
+    """
+    facts = Facts.of(result, duration, settings.max_image_side)
+    limit = settings.max_result_bytes - ENVELOPE_BYTES
+    floor = min(settings.max_output_chars, OUTPUT_FLOOR)
+    unchosen = {f.file.path: f.problem or OVER_BUDGET for f in facts.figures}
+    bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen))
+    reasons = choose_images(
+        facts.figures,
+        max_images=settings.max_images,
+        max_image_bytes=settings.max_image_bytes,
+        room=limit - wire_size(bare),
+    )
+    cut: Cut | None = Cut(min(settings.max_output_chars, len(facts.output)), LISTING_CHARS, reasons)
+    while cut is not None:
+        rendered = compose(facts, settings, cut)
+        if wire_size(rendered) <= limit:
+            return rendered
+        cut = cut.smaller(floor)
+    return rendered  # a budget smaller than a bare status line: nothing more could give way
+
+
+def compose(facts: Facts, settings: Settings, cut: Cut) -> CallToolResult:
+    """The result of ``facts``, cut as ``cut`` says."""
+    shown, truncated = cut_middle(facts.output, cut.output_chars)
+    # The output comes first (the README promises output, then the status), so it cannot be
+    # fenced from above without moving it; instead a closing line the output does not contain
+    # ends it, and only the gateway writes after that line: output that imitates the
+    # gateway's lines stays above it, and names below it are quoted.
+    if facts.returncode is not None and shown.strip():
+        region = shown.rstrip("\n")
+        lines = [region, end_of_output(region, truncated)]
+    else:
+        lines = ["(no output)"]
+    lines.append(f"[{facts.message}]")
+
+    images: list[ImageInfo] = []
+    blocks: list[ContentBlock] = []
+    over_budget: list[str] = []
+    unfit: list[str] = []
+    lost: list[str] = []
+    missing: list[str] = []
+    for figure in facts.figures:
+        file = figure.file
+        reason = cut.reasons.get(file.path, figure.problem)
+        if reason is None:
+            data = b64encode(file.content).decode("ascii")
+            blocks.append(ImageContent(type="image", data=data, mime_type="image/png"))
+        path = quote(file.path)  # a figure's name is ASCII, but its digits are many or few
+        entry = f"{path} ({file.size:,} bytes)"
+        if figure.kind == "lost":
+            lost.append(entry)
+        elif figure.kind == "missing":
+            missing.append(entry)
+        elif reason == OVER_BUDGET:
+            over_budget.append(entry)
+        elif reason is not None:
+            unfit.append(f"{entry}: {reason}")
+        images.append(
+            ImageInfo(
+                path=path,
+                size=file.size,
+                width=figure.width,
+                height=figure.height,
+                returned=reason is None,
+                reason=reason,
+            )
+        )
+    total = len(facts.figures)
+    chars = cut.listing_chars
+    if over_budget:
+        lines.append(
+            f"[{len(over_budget)} of {total} figures not returned: "
+            f"{listing(over_budget, chars)}; a result holds at most "
+            f"{settings.max_images} images and {settings.max_image_bytes:,} bytes of PNG, and "
+            f"{settings.max_result_bytes:,} bytes in all. Draw fewer or smaller figures "
+            "(figsize, dpi) to see them.]"
+        )
+    if unfit:
+        lines.append(
+            f"[{len(unfit)} of {total} figures not returned, being unfit to show: "
+            f"{listing(unfit, chars, '; ')}]"
+        )
+    if lost:
+        lines.append(
+            f"[{len(lost)} of {total} figures lost, still being saved when the run ended: "
+            f"{listing(lost, chars)}]"
+        )
+    if missing:
+        lines.append(
+            f"[{len(missing)} of {total} figures {NOT_RETURNED} (so says the sandbox's own "
+            f"list): {listing(missing, chars)}]"
+        )
+
+    files = [FileInfo(path=quote(f.path), size=f.size) for f in facts.files]
+    listed = fitting([f'"{f.path}" ({f.size:,} bytes)' for f in files], chars)
+    if files:
+        lines.append(f"[files written: {listing(listed, chars, total=len(files))}]")
+    absent = [FileInfo(path=quote(path), size=size) for path, size in facts.not_returned]
+    named = fitting([f'"{f.path}" ({f.size:,} bytes)' for f in absent], chars)
+    if facts.not_returned_count:
+        at_least = "" if facts.not_returned_exact else "at least "
+        lines.append(
+            f"[{at_least}{facts.not_returned_count:,} more files written but not returned by "
+            "the evaluator, which returns a limited number and size of files (so says the "
+            "sandbox's own list): "
+            f"{listing(named, chars, total=facts.not_returned_count)}]"
+        )
+
+    structured = ExecutionResult(
+        stdout=shown,
+        stdout_truncated=truncated,
+        returncode=facts.returncode,
+        status=facts.status,
+        message=facts.message,
+        images=images[:MAX_LISTED],
+        images_unlisted=max(0, len(images) - MAX_LISTED),
+        files=files[: len(listed)],
+        files_unlisted=len(files) - len(listed),
+        files_not_returned=absent[: len(named)],
+        files_not_returned_count=facts.not_returned_count,
+    )
+    return CallToolResult(
+        content=[TextContent(type="text", text="\n".join(lines)), *blocks],
+        structured_content=structured.model_dump(mode="json"),
+    )

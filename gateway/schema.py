@@ -1,0 +1,55 @@
+"""The tool's published output schema: the structured form of a result (clients depend on it)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from .status import Status
+
+__all__ = ["ExecutionResult", "FileInfo", "ImageInfo"]
+
+
+class ImageInfo(BaseModel):
+    """A figure the run drew, and whether the result carries it."""
+
+    path: str
+    size: int = Field(description="PNG size in bytes")
+    width: int | None = None
+    height: int | None = None
+    returned: bool = Field(description="False when the result does not carry it (see reason)")
+    reason: str | None = Field(default=None, description="why the result does not carry it")
+
+
+class FileInfo(BaseModel):
+    """A file the run wrote (other than a figure)."""
+
+    path: str = Field(
+        description="its name, with JSON-style escapes for characters that are not plainly "
+        "visible, shortened in the middle (…) when long"
+    )
+    size: int = Field(description="size in bytes")
+
+
+class ExecutionResult(BaseModel):
+    """The structured form of a result: the same facts as the text and image content."""
+
+    stdout: str = Field(
+        description="stdout and stderr merged, control sequences removed, possibly cut in the "
+        "middle; when returncode is null, the evaluator's message instead"
+    )
+    stdout_truncated: bool
+    returncode: int | None
+    status: Status
+    message: str = Field(description="the exit status in words")
+    images: list[ImageInfo]
+    images_unlisted: int = Field(default=0, description="figures left out of `images`")
+    files: list[FileInfo] = Field(description="files the result carries, as many as fit")
+    files_unlisted: int = Field(default=0, description="files carried but left out of `files`")
+    files_not_returned: list[FileInfo] = Field(
+        default_factory=list,
+        description="files the run wrote that the evaluator did not return, as the sandbox's "
+        "own list (which the code could alter) names them",
+    )
+    files_not_returned_count: int = Field(
+        default=0, description="how many such files, listed or not (at least)"
+    )

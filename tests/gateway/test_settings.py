@@ -1,0 +1,236 @@
+"""The gateway's settings: validated once, a bad value worded in one line, the README in step.
+
+Pure tests: the settings are built from mappings, and ``main`` is called in this process with a
+bad environment (it stops before it would serve). Two subprocesses check what an operator sees
+from the real commands.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.cli import main
+from gateway.settings import SNEKBOX_WORKERS, Flag, Settings, SettingsError, environment_variable
+from python_mcp_server import create_app
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    return tmp_path / "token"
+
+
+#: The values the issue reproduced, and the line each now gets.
+BAD_VALUES = [
+    (
+        {"MCP_PROGRESS_INTERVAL": "0"},
+        "MCP_PROGRESS_INTERVAL='0' is not valid: input should be greater than or equal to 0.1",
+    ),
+    (
+        {"MCP_LOG_LEVEL": "verbose"},
+        "MCP_LOG_LEVEL='verbose' is not valid: input should be 'debug', 'info', 'warning' or "
+        "'error'",
+    ),
+    (
+        {"MCP_PORT": "abc"},
+        "MCP_PORT='abc' is not valid: input should be a valid integer, unable to parse string "
+        "as an integer",
+    ),
+    (
+        {"MCP_PORT": "65536"},
+        "MCP_PORT='65536' is not valid: input should be less than or equal to 65535",
+    ),
+    (
+        {"SNEKBOX_URL": "snekbox:8060"},
+        "SNEKBOX_URL='snekbox:8060' is not valid: it must be an http:// or https:// URL with a "
+        "host, e.g. http://snekbox:8060",
+    ),
+    (
+        {"MCP_MAX_OUTPUT_CHARS": "-5"},
+        "MCP_MAX_OUTPUT_CHARS='-5' is not valid: input should be greater than 0",
+    ),
+    (
+        {"MCP_EVAL_TIMEOUT": "-1"},
+        "MCP_EVAL_TIMEOUT='-1' is not valid: input should be greater than 0",
+    ),
+    (
+        {"MCP_MAX_WAIT": "nan"},
+        "MCP_MAX_WAIT='nan' is not valid: input should be a finite number",
+    ),
+    (
+        {"MCP_SESSION_IDLE_TIMEOUT": "inf"},
+        "MCP_SESSION_IDLE_TIMEOUT='inf' is not valid: input should be a finite number",
+    ),
+    (
+        {"MCP_ALLOW_UNAUTHENTICATED": "perhaps"},
+        "MCP_ALLOW_UNAUTHENTICATED='perhaps' is not valid: input should be a valid boolean, "
+        "unable to interpret input",
+    ),
+]
+
+
+@pytest.mark.parametrize(("environ", "line"), BAD_VALUES, ids=lambda v: str(v)[:40])
+def test_a_bad_value_stops_start_up_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], line: str
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stopped:
+        main([])
+    assert stopped.value.code == f"python-mcp-server: {line}"
+
+
+def test_an_empty_token_file_does_not_turn_authentication_off(
+    monkeypatch: pytest.MonkeyPatch, token_file: Path
+) -> None:
+    token_file.write_text(" \n")
+    monkeypatch.setenv("MCP_AUTH_TOKEN_FILE", str(token_file))
+    with pytest.raises(SystemExit) as stopped:
+        main([])
+    assert stopped.value.code == (
+        f"python-mcp-server: MCP_AUTH_TOKEN_FILE={str(token_file)!r} is not valid: the file is "
+        "empty (it must hold the token)"
+    )
+
+
+def test_the_token_file_gives_the_token_which_is_never_shown(token_file: Path) -> None:
+    token_file.write_text("s3cret\n")
+    settings = Settings.from_env({"MCP_AUTH_TOKEN_FILE": str(token_file)})
+    assert settings.auth_token == "s3cret"
+    assert "s3cret" not in repr(settings)
+    # MCP_AUTH_TOKEN wins over the file.
+    assert Settings.from_env(
+        {"MCP_AUTH_TOKEN_FILE": str(token_file), "MCP_AUTH_TOKEN": "other"}
+    ).auth_token == ("other")
+
+
+def test_every_bad_value_is_named_in_the_same_line() -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"MCP_PORT": "0", "MCP_MAX_IMAGES": "-1"})
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("MCP_PORT='0' is not valid")
+    assert "; MCP_MAX_IMAGES='-1' is not valid: input should be greater than or equal to 0" in (
+        message
+    )
+
+
+def test_help_works_whatever_the_environment_holds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MCP_PORT", "abc")
+    with pytest.raises(SystemExit) as stopped:
+        main(["--help"])
+    assert stopped.value.code == 0
+    shown = capsys.readouterr().out
+    for flag in ("--host", "--port", "--snekbox-url", "--allow-unauthenticated", "--log-level"):
+        assert flag in shown
+    assert "(MCP_PORT; default: 18080)" in shown
+
+
+def test_a_flag_wins_over_the_environment_and_is_named_when_bad() -> None:
+    assert Settings.from_env({"MCP_PORT": "abc"}, flags={"port": "8081"}).port == 8081
+    with pytest.raises(SettingsError, match=r"^--port='x' is not valid: input should be a valid"):
+        Settings.from_env({}, flags={"port": "x"})
+    flagged = Settings.from_env({}, flags={"allow_unauthenticated": True, "log_level": "DEBUG"})
+    assert (flagged.allow_unauthenticated, flagged.log_level) == (True, "debug")
+
+
+def test_an_ipv6_host_with_a_token_serves() -> None:
+    settings = Settings.from_env({"MCP_HOST": "::", "MCP_AUTH_TOKEN": "t0ken"})
+    assert settings.url == "http://[::]:18080"
+    create_app(settings)  # the token's issuer URL is valid (it was a pydantic URL error)
+    with pytest.raises(ValueError, match="refusing to listen on :: without authentication"):
+        Settings.from_env({"MCP_HOST": "::"}).check()
+    Settings(host="::1").check()
+
+
+def test_empty_variables_are_unset_and_values_are_stripped() -> None:
+    settings = Settings.from_env(
+        {"SNEKBOX_URL": "", "MCP_PORT": " 8082 ", "MCP_ALLOWED_HOSTS": " a.example, b:* ,"}
+    )
+    assert settings.snekbox_url is None
+    assert settings.port == 8082
+    assert settings.allowed_hosts == ("a.example", "b:*")
+
+
+def test_admission_defaults_to_the_services_workers() -> None:
+    remote = Settings(snekbox_url="http://snekbox:8060")
+    assert remote.in_flight_limit == SNEKBOX_WORKERS == 2
+    assert remote.model_copy(update={"max_in_flight": 5}).in_flight_limit == 5
+    builtin = Settings()
+    assert builtin.in_flight_limit == builtin.evaluator_config.concurrency
+    assert Settings.from_env({"MCP_MAX_IN_FLIGHT": "3"}).in_flight_limit == 3
+
+
+def test_the_evaluators_settings_are_read_too() -> None:
+    assert Settings.from_env({"EVALUATOR_TIME_LIMIT": "7"}).evaluator_config.time_limit == 7
+    with pytest.raises(ValueError, match="EVALUATOR_TIME_LIMIT"):
+        Settings.from_env({"EVALUATOR_TIME_LIMIT": "nan"})
+
+
+def test_the_commands_say_a_bad_value_in_one_line_without_a_traceback() -> None:
+    environ = {**os.environ, "MCP_LOG_LEVEL": "verbose"}
+    for command in (
+        ["-m", "python_mcp_server"],
+        ["-m", "uvicorn", "python_mcp_server:starlette_app"],
+    ):
+        done = subprocess.run(
+            [sys.executable, *command], env=environ, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 1, done.stderr
+        assert done.stderr == (
+            "python-mcp-server: MCP_LOG_LEVEL='verbose' is not valid: input should be 'debug', "
+            "'info', 'warning' or 'error'\n"
+        )
+
+
+# --- The README's table -------------------------------------------------------------------------
+
+
+def readme_settings() -> dict[str, tuple[str, str]]:
+    """The gateway's configuration table: ``{variable: (flag, default)}``, cells as written."""
+    text = README.read_text()
+    section = text[text.index("## Configuration") :]
+    table = section[section.index("| variable | flag |") :].split("\n\n", 1)[0]
+    rows: dict[str, tuple[str, str]] = {}
+    for line in table.splitlines()[2:]:
+        variable, flag, default = (cell.strip() for cell in line.strip("|").split("|")[:3])
+        rows[variable.strip("`")] = (flag.strip("`"), default)
+    return rows
+
+
+def shown(value: Any) -> str:
+    """A default as the README writes it."""
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    return f"`{value}`"
+
+
+def test_the_readme_lists_exactly_the_settings_with_their_defaults_and_flags() -> None:
+    fields = {
+        name: field
+        for name, field in Settings.model_fields.items()
+        if name != "evaluator_config"  # its own table, checked with the evaluator
+    }
+    rows = readme_settings()
+    assert set(rows) == {environment_variable(name) for name in fields}
+    for name, field in fields.items():
+        flag, default = rows[environment_variable(name)]
+        marked = any(isinstance(item, Flag) for item in field.metadata)
+        assert flag == (f"--{name.replace('_', '-')}" if marked else ""), name
+        if field.default in (None, ()):
+            # Derived or absent: said in words, never as a value.
+            assert not re.fullmatch(r"`[^`]*`", default), (name, default)
+        else:
+            assert default == shown(field.default), name
