@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -294,13 +295,13 @@ def _setup_v2(
             # No internal processes: a cgroup that hands controllers to its children may hold
             # no process itself, so everything in it (this service, and whatever shares its
             # container or unit) moves into a leaf first, as Snekbox does.
-            _move_all(base, base / _SERVICE_LEAF)
-            (base / "cgroup.subtree_control").write_text(enable)
+            _move_all_then_enable(base, base / _SERVICE_LEAF, enable)
         parent = base / name
         parent.mkdir(exist_ok=True)
         (parent / "cgroup.subtree_control").write_text(enable)
     except OSError as exc:
-        log.debug("cgroup v2 at %s is not delegated to us: %s", base, exc)
+        # memory and pids are offered here: this is a delegation we failed to use, say why.
+        log.warning("cgroup v2 at %s is delegated but cannot be used: %s", base, exc)
         return None
     limits: tuple[tuple[str, str], ...] = (
         ("memory.max", str(memory_bytes)),
@@ -312,14 +313,34 @@ def _setup_v2(
     return _Hierarchy(parent, limits, kill_file=(parent / "cgroup.kill").exists())
 
 
-def _move_all(source: Path, leaf: Path) -> None:
-    """Move every process of ``source`` into its child ``leaf``."""
+#: Passes of moving ``source``'s processes into the leaf before enabling controllers: a process
+#: that forks meanwhile (a shell's readiness loop, a health check in the same container) leaves
+#: a child in ``source``, and the write to ``cgroup.subtree_control`` fails with EBUSY.
+_MOVE_PASSES = 50
+
+
+def _move_all_then_enable(source: Path, leaf: Path, enable: str) -> None:
+    """Move every process of ``source`` into its child ``leaf``, then enable ``enable`` in it.
+
+    Raises:
+        OSError: EBUSY after :data:`_MOVE_PASSES` passes (processes keep coming), or another
+            error of the writes.
+    """
     leaf.mkdir(exist_ok=True)
-    for pid in (source / "cgroup.procs").read_text().split():
+    for attempt in range(_MOVE_PASSES):
+        for pid in (source / "cgroup.procs").read_text().split():
+            try:
+                (leaf / "cgroup.procs").write_text(pid)
+            except ProcessLookupError:
+                continue  # it exited meanwhile
         try:
-            (leaf / "cgroup.procs").write_text(pid)
-        except ProcessLookupError:
-            continue  # it exited meanwhile
+            (source / "cgroup.subtree_control").write_text(enable)
+            return
+        except OSError as exc:
+            # Forked meanwhile, or exited but not yet gone from cgroup.procs: once more.
+            if exc.errno != errno.EBUSY or attempt == _MOVE_PASSES - 1:
+                raise
+            time.sleep(0.01)
 
 
 def _cgroup_mounts() -> dict[str, Path]:

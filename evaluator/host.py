@@ -120,21 +120,48 @@ def environment(config: EvaluatorConfig) -> dict[str, str]:
     }
 
 
+#: Prefixes shared with the rest of the system: never bound whole (Debian's python3 has
+#: ``sys.base_prefix`` ``/usr``, whose ``bin``, ``sbin`` and ``share`` the code must not see).
+SYSTEM_PREFIXES = ("/", "/usr", "/usr/local")
+
+_QUERY = (
+    "import sys, sysconfig; print(sys.prefix); print(sys.base_prefix); "
+    "print(sysconfig.get_path('stdlib')); print(sysconfig.get_path('platstdlib'))"
+)
+
+
 def interpreter_paths(executable: str) -> tuple[str, ...]:
-    """What the interpreter needs: its environment, its prefix, the system libraries."""
+    """What the interpreter needs: its environment, its prefix, the system libraries.
+
+    A prefix of the system's own (:data:`SYSTEM_PREFIXES`) is not bound whole: only the
+    interpreter's binary and its standard library are.
+    """
     if os.path.realpath(executable) == os.path.realpath(sys.executable):
         prefixes = [sys.prefix, sys.base_prefix]
+        stdlib = [sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")]
     else:
         try:
             out = subprocess.run(
-                [executable, "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
+                [executable, "-c", _QUERY],
                 capture_output=True, text=True, timeout=30, check=True,
             ).stdout  # fmt: skip
         except (OSError, subprocess.SubprocessError) as exc:
             raise SandboxUnavailable(f"the interpreter {executable!r} does not run: {exc}") from exc
-        prefixes = out.split()
-    paths = {p for prefix in prefixes for p in (prefix, os.path.realpath(prefix))}
-    paths.add(os.path.dirname(os.path.realpath(executable)))
+        prefix, base, *stdlib = out.split()
+        prefixes = [prefix, base]
+    real = os.path.realpath(executable)
+    paths: set[str] = set()
+    system = False
+    for p in {p for prefix in prefixes for p in (prefix, os.path.realpath(prefix))}:
+        if os.path.normpath(p) in SYSTEM_PREFIXES:
+            system = True
+        else:
+            paths.add(p)
+    if system:
+        paths.update(os.path.realpath(p) for p in stdlib)
+    bin_dir = os.path.dirname(real)
+    # The binary's directory, unless it is the system's (/usr/bin): then the binary alone.
+    paths.add(real if system and not any(bin_dir.startswith(p + "/") for p in paths) else bin_dir)
     multiarch = sysconfig.get_config_var("MULTIARCH")
     for lib in (f"/usr/lib/{multiarch}" if multiarch else "/usr/lib", "/usr/lib64"):
         if os.path.isdir(lib) and not os.path.islink(lib):

@@ -1,0 +1,331 @@
+"""The evaluator on a cgroup v2 host: limits by a delegated cgroup v2 subtree, and isolation.
+
+The machines this suite usually runs on are cgroup v1, so it skips there. ``.ci/vm-test`` boots a
+cgroup v2 VM and runs it with ``EVALUATOR_REQUIRE_CGROUP_V2=1`` twice: as an ordinary user in a
+delegated ``systemd-run --user --scope``, and as root in a delegated system scope (the container
+case); a missing delegation then fails instead of skipping.
+
+The VM is emulated (qemu TCG, about 12 times slower than the host, on a shared machine), so the
+limits here are generous: only the time-limit test has a short one. The checks are the promises
+of the README: memory (137, not MemoryError), processes, time; no host root, capability, network
+or file; and one gateway call returning a figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp.types import ImageContent, TextContent
+from PIL import Image
+
+from evaluator import Evaluator
+from evaluator.cgroups import _cgroup_mounts, _own_v2_cgroup
+from evaluator.config import MiB
+from python_mcp_server import Settings, create_app
+from snekbox_client import EvalRequest, EvalResult
+from tests.gateway.conftest import connect, with_time_limit
+from tests.support import serve
+
+from . import isolation
+from .conftest import config
+
+REQUIRED = os.environ.get("EVALUATOR_REQUIRE_CGROUP_V2") == "1"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _offered() -> str:
+    """The cgroup v2 controllers this process's cgroup offers (its parent's, once moved to a
+    leaf by an evaluator)."""
+    root, own = _cgroup_mounts().get("cgroup2"), _own_v2_cgroup()
+    if root is None or own is None:
+        return ""
+    base = root / own.lstrip("/")
+    if base.name == "service":
+        base = base.parent
+    try:
+        return (base / "cgroup.controllers").read_text().strip()
+    except OSError:
+        return ""
+
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(
+        not REQUIRED and not {"memory", "pids"} <= set(_offered().split()),
+        reason=f"no delegated cgroup v2 with memory and pids here (offered: {_offered()!r})",
+    ),
+]
+PROJECT = Path(__file__).resolve().parents[2]
+#: Far above what any run here needs, even emulated.
+TIME_LIMIT = 60.0
+#: The limit of the time-limit test: time enough for the emulated interpreter to start.
+KILL_LIMIT = 10.0
+
+
+@pytest.fixture(scope="module")
+async def evaluator() -> AsyncIterator[Evaluator]:
+    async with Evaluator(config(time_limit=TIME_LIMIT)) as started:
+        yield started
+
+
+async def run(evaluator: Evaluator, code: str, *args: str) -> EvalResult:
+    return await evaluator.run(EvalRequest(args=("-c", code, *args)))
+
+
+# --- limits ------------------------------------------------------------------------------------
+
+
+async def test_memory_and_processes_are_cgroup_v2_limits(evaluator: Evaluator) -> None:
+    limits = {limit.name: limit for limit in evaluator.limits_in_force()}
+    assert limits["memory"].enforced
+    assert limits["memory"].how == "256 MiB: cgroup v2 memory.max, memory.swap.max=0"
+    assert limits["processes"].enforced
+    assert limits["processes"].how.startswith("64: cgroup v2 pids.max"), limits["processes"]
+
+
+async def test_a_run_has_its_own_cgroup_below_the_service_and_an_unprivileged_uid(
+    evaluator: Evaluator,
+) -> None:
+    marker = "marker-" + secrets.token_hex(8)
+    task = asyncio.ensure_future(run(evaluator, "import time; time.sleep(50)", marker))
+    try:
+        with anyio.fail_after(30):
+            while len(pids := _processes_with(marker)) < 3:  # noqa: ASYNC110 - bwrap, init, code
+                await asyncio.sleep(0.05)
+        code = pids[-1]
+        cgroup = _cgroup_of(code)
+        assert (cgroup / "memory.max").read_text() == f"{256 * MiB}\n"
+        assert (cgroup / "memory.swap.max").read_text() == "0\n"
+        assert (cgroup / "pids.max").read_text() == "64\n"
+        assert cgroup.parent.name == evaluator.config.cgroup_name
+        assert cgroup.parent.parent == _service_cgroup(), cgroup
+        status = _status(code)
+        uids = {int(u) for u in status["Uid"].split()}
+        if os.geteuid() == 0:  # a host uid of its own
+            assert len(uids) == 1 and min(uids) >= evaluator.config.sandbox_uid, status["Uid"]
+        else:  # the service's own uid, never more
+            assert uids == {os.getuid()}, status["Uid"]
+        assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0
+        assert status["NoNewPrivs"].strip() == "1"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_memory_bomb_is_killed_by_the_cgroup_oom_killer(evaluator: Evaluator) -> None:
+    """137 (SIGKILL by the OOM killer of the run's cgroup), not a MemoryError."""
+    runs = _service_cgroup() / evaluator.config.cgroup_name
+    before = _oom_kills(runs)
+    result = await run(evaluator, "x = bytearray(1024**3)\nprint('survived')")
+    assert (result.returncode, result.stdout, result.ended_by) == (137, "", "memory_limit")
+    assert _oom_kills(runs) > before, "the kill was not the cgroup's OOM killer"
+
+
+async def test_a_fork_bomb_stops_at_pids_max(evaluator: Evaluator) -> None:
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print(n, e.errno)"
+    )
+    result = await run(evaluator, code)
+    assert result.returncode == 0, result.stdout
+    forks, errno_ = map(int, result.stdout.split())
+    assert 10 < forks < 64
+    assert errno_ == 11  # EAGAIN
+
+
+async def test_a_run_is_killed_at_the_time_limit() -> None:
+    """The whole tree, a child that ignores signals included."""
+    code = (
+        "import os, signal, time\n"
+        "print('started', flush=True)\n"
+        "if os.fork() == 0:\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "    time.sleep(1000)\n"
+        "time.sleep(1000)\n"
+    )
+    async with Evaluator(config(time_limit=KILL_LIMIT, concurrency=1)) as short:
+        started = time.monotonic()
+        result = await run(short, code)
+        elapsed = time.monotonic() - started
+    assert (result.returncode, result.stdout, result.ended_by) == (137, "started\n", "time_limit")
+    assert KILL_LIMIT <= elapsed < KILL_LIMIT + 10
+
+
+# --- isolation ---------------------------------------------------------------------------------
+
+
+async def test_no_host_root_capability_sysctl_or_root_only_file(evaluator: Evaluator) -> None:
+    result = await run(evaluator, isolation.IDENTITY)
+    assert result.returncode == 0, result.stdout
+    isolation.check_identity(result.stdout)
+
+
+async def test_only_the_needed_socket_families(evaluator: Evaluator) -> None:
+    result = await run(evaluator, isolation.SOCKETS)
+    assert result.returncode == 0, result.stdout
+    isolation.check_sockets(result.stdout)
+
+
+async def test_no_network(evaluator: Evaluator) -> None:
+    with socket.socket() as listener:  # a port of this host that is listening
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = (
+            "import socket\n"
+            f"for host, port in [('127.0.0.1', {port}), ('192.0.2.1', 80), ('::1', 80)]:\n"
+            "    try:\n"
+            "        socket.create_connection((host, port), timeout=5).close()\n"
+            "        print('CONNECTED')\n"
+            "    except OSError as e:\n"
+            "        print(host, e.errno)\n"
+            "try:\n"
+            "    socket.getaddrinfo('example.com', 80); print('RESOLVED')\n"
+            "except socket.gaierror as e:\n"
+            "    print('dns', e.errno)\n"
+            "print(sorted(name for _, name in socket.if_nameindex()))"
+        )
+        result = await run(evaluator, code)
+    assert result.stdout.splitlines() == [
+        "127.0.0.1 111",  # ECONNREFUSED: the sandbox's own loopback, down
+        "192.0.2.1 101",  # ENETUNREACH
+        "::1 111",
+        "dns -3",
+        "['lo']",
+    ]
+
+
+async def test_no_host_files(evaluator: Evaluator) -> None:
+    """Nothing of the host but the interpreter, its environment and the system libraries."""
+    binds = [Path(sys.prefix), Path(sys.base_prefix)]
+    # The directories on the way to a bind hold only the next step towards it.
+    on_the_way: dict[str, set[str]] = {}
+    for bind in binds:
+        for parent, child in zip(bind.parents, [bind, *bind.parents], strict=False):
+            if parent != Path("/"):
+                on_the_way.setdefault(str(parent), set()).add(child.name)
+    hidden = [
+        "/etc",
+        "/root",
+        "/var",
+        "/tmp",
+        "/run",
+        "/sys/fs/cgroup",
+        "/mnt",
+        str(PROJECT / "pyproject.toml"),
+        str(Path.home()),
+        # The rest of /usr: programs, shells, data.
+        "/usr/bin/sh",
+        "/usr/bin/bash",
+        "/usr/bin/env",
+        "/usr/sbin",
+        "/usr/share",
+        "/usr/local/bin",
+    ]
+    hidden = [p for p in hidden if p not in on_the_way and not any(b == Path(p) for b in binds)]
+    code = (
+        "import json, os\n"
+        f"hidden = {hidden!r}\n"
+        f"dirs = {sorted(on_the_way)!r}\n"
+        "print(json.dumps({'exists': [p for p in hidden if os.path.lexists(p)],"
+        " 'root': sorted(os.listdir('/')),"
+        " 'dirs': {d: sorted(os.listdir(d)) for d in dirs}}))"
+    )
+    result = await run(evaluator, code)
+    assert result.returncode == 0, result.stdout
+    seen = json.loads(result.stdout)
+    tops = {bind.parts[1] for bind in binds}
+    assert seen["root"] == sorted({"dev", "home", "lib", "lib64", "proc", "usr"} | tops)
+    assert seen["dirs"] == {d: sorted(children) for d, children in on_the_way.items()}
+    assert seen["exists"] == [], f"host paths visible in the sandbox: {seen['exists']}"
+
+
+# --- the gateway -------------------------------------------------------------------------------
+
+FIGURE = """
+import matplotlib.pyplot as plt
+plt.figure(figsize=(3, 2)); plt.plot([1, 3, 2])
+print("drawn")
+"""
+
+
+async def test_the_gateway_returns_a_figure() -> None:
+    """One tool call through the mcp SDK's client over Streamable HTTP, the gateway under
+    uvicorn with the built-in evaluator in-process."""
+    settings = with_time_limit(Settings(), 240)
+    with serve(create_app(settings)) as url:
+        with anyio.fail_after(300):
+            async with connect(url, "http") as client:
+                result = await client.call_tool("execute_python_code", {"code": FIGURE})
+    first = result.content[0]
+    assert isinstance(first, TextContent)
+    assert not result.is_error, first.text
+    # "in", not "startswith": a call made while the evaluator still builds its matplotlib font
+    # list (emulated, for half a minute after start) gets matplotlib's "building the font cache"
+    # line first.
+    assert "drawn\n" in first.text, first.text
+    [image] = [c for c in result.content if isinstance(c, ImageContent)]
+    data = base64.b64decode(image.data)
+    with Image.open(io.BytesIO(data)) as png:
+        png.verify()
+        assert png.size == (300, 200)
+    assert result.structured_content["status"] == "ok"
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _cgroup_of(pid: int) -> Path:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return CGROUP_ROOT / line[3:].lstrip("/")
+    raise AssertionError(f"process {pid} is in no cgroup v2")
+
+
+def _service_cgroup() -> Path:
+    """The delegated cgroup the evaluator uses: its own, or the parent of the leaf it moved to."""
+    own = _cgroup_of(os.getpid())
+    return own.parent if own.name == "service" else own
+
+
+def _oom_kills(cgroup: Path) -> int:
+    """The ``oom_kill`` count of ``memory.events``: hierarchical, so the runs' are included."""
+    events = dict(line.split() for line in (cgroup / "memory.events").read_text().splitlines())
+    return int(events["oom_kill"])
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
