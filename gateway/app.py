@@ -116,7 +116,9 @@ def create_app(settings: Settings) -> Starlette:
     async def readyz(request: Request) -> JSONResponse:
         reason = await gateway.readiness()
         if reason is None:
-            return JSONResponse({"status": "ready"})
+            # An operator sees here, as in the start-up log, what this host cannot enforce.
+            weaker = gateway.limits_not_enforced()
+            return JSONResponse({"status": "ready", **({"not_enforced": weaker} if weaker else {})})
         return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
     async def metrics(request: Request) -> Response:

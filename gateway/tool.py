@@ -249,6 +249,19 @@ class Gateway:
             elapsed = round(time.monotonic() - started, 1)
             await ctx.report_progress(elapsed, total, f"running for {elapsed:g} s")
 
+    def limits_not_enforced(self) -> list[dict[str, str]]:
+        """The built-in evaluator's limits this machine cannot enforce, and why (else none).
+
+        Known only after start; a remote service's limits are its own.
+        """
+        if self._builtin is None:
+            return []
+        return [
+            {"limit": limit.name, "how": limit.how}
+            for limit in self._builtin.limits_in_force()
+            if not limit.enforced
+        ]
+
     async def readiness(self) -> str | None:
         """``None`` when the evaluation service answers, else why not (safe to show anyone)."""
         try:

@@ -258,6 +258,30 @@ def test_a_start_is_not_stopped_by_what_a_dead_evaluator_left(venv: Path) -> Non
         shutil.rmtree(base)
 
 
+def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -> None:
+    """As an ordinary user (no mounts, no cgroups here): /readyz says which limits are weaker."""
+    port = closed_port()
+    command = [
+        "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+        venv / "bin" / "python-mcp-server", "--port", str(port),
+    ]  # fmt: skip
+    environment = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+    process = subprocess.Popen(command, cwd="/", env=environment, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        ready = wait_until_answers(f"http://127.0.0.1:{port}/readyz", process)
+    except RuntimeError:
+        pytest.fail("the unprivileged gateway exited:\n" + process.communicate()[0])
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    body = ready.json()
+    assert body["status"] == "ready"
+    weaker = {item["limit"]: item["how"] for item in body["not_enforced"]}
+    assert {"working directory", "user"} <= set(weaker), body
+    assert "not bounded" in weaker["working directory"]
+
+
 # Last: it stops the module's service.
 def test_startup_log_tells_which_limits_hold(
     service: tuple[str, subprocess.Popen[str]],
