@@ -73,6 +73,12 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
         instructions="Use execute_python_code to run Python: computations, data, charts.",
         **auth,
     )
+    _add_tool(server, gateway)
+    return server
+
+
+def _add_tool(server: MCPServer[Any], gateway: Gateway) -> None:
+    """Register ``execute_python_code``, described as ``gateway`` knows it now."""
     server.add_tool(
         gateway.execute_python_code,
         name=TOOL_NAME,
@@ -82,7 +88,6 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
             read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
         ),
     )
-    return server
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -127,6 +132,9 @@ def create_app(settings: Settings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with gateway, server.session_manager.run():
+            # Once the evaluator has started, the description claims only what it enforces.
+            server.remove_tool(TOOL_NAME)
+            _add_tool(server, gateway)
             yield
 
     routes: list[BaseRoute] = [

@@ -115,11 +115,24 @@ class Gateway:
         else:
             cfg = self.settings.evaluator_config
             python = f"Python {sys.version_info.major}.{sys.version_info.minor}"
-            limits = (
-                f"Limits: {cfg.time_limit:g} s wall-clock, {cfg.memory_limit} MiB of memory, "
-                f"{cfg.pids_limit} processes and threads, {cfg.output_limit:,} bytes of output; "
-                f"the working directory holds {cfg.workdir_size} MiB."
+            weaker = {item["limit"] for item in self.limits_not_enforced()}
+            in_force = (
+                {lim.name: lim for lim in self._builtin.limits_in_force()} if self._builtin else {}
             )
+            memory = (
+                f"about {cfg.memory_limit} MiB of memory (a MemoryError beyond, not a kill)"
+                if "memory" in in_force and "rlimit" in in_force["memory"].how
+                else f"{cfg.memory_limit} MiB of memory"
+            )
+            parts = [f"{cfg.time_limit:g} s wall-clock", memory]
+            if "processes" not in weaker:
+                parts.append(f"{cfg.pids_limit} processes and threads")
+            parts.append(f"{cfg.output_limit:,} bytes of output")
+            limits = "Limits: " + ", ".join(parts)
+            # Claimed only where this host bounds it (see /readyz's not_enforced).
+            if "working directory" not in weaker:
+                limits += f"; the working directory holds {cfg.workdir_size} MiB"
+            limits += "."
         return (
             f"Run {python} code in a fresh, isolated sandbox and return what it prints.\n\n"
             "- Every call starts from scratch: no variables, imports or files carry over.\n"

@@ -22,10 +22,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
-from tests.support import closed_port, wait_until_answers
+from tests.support import closed_port, connect, wait_until_answers
 
 from . import isolation
 from .lockouts import LOCKOUTS, code, directories_marked
@@ -270,16 +271,26 @@ def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         ready = wait_until_answers(f"http://127.0.0.1:{port}/readyz", process)
+        description = anyio.run(_tool_description, f"http://127.0.0.1:{port}")
     except RuntimeError:
         pytest.fail("the unprivileged gateway exited:\n" + process.communicate()[0])
     finally:
         process.terminate()
         process.wait(timeout=30)
+    # What cannot be enforced here is not promised to the model either.
+    assert "wall-clock" in description and "working directory holds" not in description
+    assert "MemoryError" in description
     body = ready.json()
     assert body["status"] == "ready"
     weaker = {item["limit"]: item["how"] for item in body["not_enforced"]}
     assert {"working directory", "user"} <= set(weaker), body
     assert "not bounded" in weaker["working directory"]
+
+
+async def _tool_description(url: str) -> str:
+    async with connect(url, "http") as client:
+        (tool,) = (await client.list_tools()).tools
+    return tool.description or ""
 
 
 # Last: it stops the module's service.
