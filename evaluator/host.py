@@ -130,6 +130,18 @@ _QUERY = (
 )
 
 
+def _links_to(executable: str) -> list[str]:
+    """The symlinks followed from ``executable`` to the real binary, ``executable`` included."""
+    chain = []
+    path = os.path.abspath(executable)
+    for _ in range(40):  # the kernel's own bound on symlinks followed
+        if not os.path.islink(path):
+            break
+        chain.append(path)
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return chain
+
+
 def interpreter_paths(executable: str) -> tuple[str, ...]:
     """What the interpreter needs: its environment, its prefix, the system libraries.
 
@@ -160,8 +172,11 @@ def interpreter_paths(executable: str) -> tuple[str, ...]:
     if system:
         paths.update(os.path.realpath(p) for p in stdlib)
     bin_dir = os.path.dirname(real)
-    # The binary's directory, unless it is the system's (/usr/bin): then the binary alone.
+    # The binary's directory, unless it is the system's (/usr/bin): then the binary alone, and
+    # every link on the way to it (a venv's python -> /usr/bin/python3 -> python3.11).
     paths.add(real if system and not any(bin_dir.startswith(p + "/") for p in paths) else bin_dir)
+    if system:
+        paths.update(_links_to(executable))
     multiarch = sysconfig.get_config_var("MULTIARCH")
     for lib in (f"/usr/lib/{multiarch}" if multiarch else "/usr/lib", "/usr/lib64"):
         if os.path.isdir(lib) and not os.path.islink(lib):
