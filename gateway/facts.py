@@ -61,9 +61,21 @@ class Facts:
     not_returned_exact: bool
 
     @classmethod
-    def of(cls, result: EvalResult, duration: float, max_image_side: int) -> Facts:
+    def of(
+        cls,
+        result: EvalResult,
+        duration: float,
+        max_image_side: int,
+        memory_limit_mib: int | None = None,
+    ) -> Facts:
         output = clean(result.stdout)
-        status, message = describe_exit(result.returncode, output, duration, result.ended_by)
+        status, message = describe_exit(
+            result.returncode,
+            output,
+            duration,
+            result.ended_by,
+            memory_limit_mib=memory_limit_mib,
+        )
         files = plotting.sort_files(result.files)
         figures = [Figure.returned(f, max_image_side) for f in files.figures]
         figures += [Figure(f, problem=LOST, kind="lost") for f in files.lost_figures]

@@ -42,7 +42,8 @@ def render_result(result: EvalResult, *, duration: float, settings: Settings) ->
     bytes each once escaped, say), :meth:`~gateway.budget.Cut.smaller` says what gives way, and
     each cut is said in the text.
     """
-    facts = Facts.of(result, duration, settings.max_image_side)
+    memory = None if settings.snekbox_url else settings.evaluator_config.memory_limit
+    facts = Facts.of(result, duration, settings.max_image_side, memory)
     limit = settings.max_result_bytes - ENVELOPE_BYTES
     floor = min(settings.max_output_chars, OUTPUT_FLOOR)
     unchosen = {f.file.path: f.problem or OVER_BUDGET for f in facts.figures}

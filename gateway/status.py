@@ -42,14 +42,20 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\
 
 
 def describe_exit(
-    returncode: int | None, stdout: str, duration: float, ended_by: EndedBy | None = None
+    returncode: int | None,
+    stdout: str,
+    duration: float,
+    ended_by: EndedBy | None = None,
+    *,
+    memory_limit_mib: int | None = None,
 ) -> tuple[Status, str]:
     """Say in words how a run ended: the status line of every result.
 
     With ``returncode`` ``None``, ``stdout`` is the evaluator's message: it tells whether the
     code ran (its output and files then lost) or not, and an unknown message says neither.
     ``ended_by`` is the evaluator's word on which limit ended the run; ``None`` (Snekbox never
-    says) leaves a 137 worded as either limit.
+    says) leaves a 137 worded as either limit. ``memory_limit_mib``, when known, is named in a
+    memory kill's message.
     """
     if returncode is None:
         return _describe_message(stdout)
@@ -61,14 +67,16 @@ def describe_exit(
             "reached; make the code faster or make it do less"
         )
     if ended_by == "memory_limit":
+        size = "" if memory_limit_mib is None else f" ({memory_limit_mib:,} MiB)"
         return "killed", (
-            "killed (exit code 137, SIGKILL): the memory limit was reached; use less memory, "
-            "e.g. process the data in chunks or use smaller types"
+            f"killed (exit code 137, SIGKILL): the memory limit{size} was reached; use less "
+            "memory, e.g. process the data in chunks or use smaller types"
         )
     if returncode == 137 and ended_by is None:
         return "killed", (
             f"killed after {duration:.1f} s (exit code 137, SIGKILL): the time limit or the "
-            "memory limit was reached"
+            "memory limit was reached (this evaluator does not say which); if the code ran for "
+            "about its time limit, make it faster or make it do less, otherwise use less memory"
         )
     if returncode == 143 and ended_by in (None, "output_limit"):
         return "output_limit", (

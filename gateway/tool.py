@@ -194,7 +194,7 @@ class Gateway:
         except ToolError:
             raise
         except Exception as exc:  # the one catch-all: a bug here, not the service's failure
-            outcome = "error"
+            outcome = "gateway_error"
             logger.exception("%s failed in the gateway itself", TOOL_NAME)
             raise ToolError(GATEWAY_FAILED) from exc
         finally:

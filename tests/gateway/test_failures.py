@@ -99,7 +99,7 @@ async def test_a_failure_of_the_gateway_itself_is_logged_counted_and_said(
         metrics = gateway.metrics.render().decode()
     assert result.is_error
     assert text_of(result) == ERROR + GATEWAY_FAILED
-    assert 'mcp_tool_calls_total{outcome="error"} 1.0' in metrics
+    assert 'mcp_tool_calls_total{outcome="gateway_error"} 1.0' in metrics
     assert "cancelled" not in metrics
     (failure,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert failure.name == "python_mcp_server" and failure.exc_info is not None

@@ -84,6 +84,23 @@ def test_the_limit_the_evaluator_names_is_the_one_said(
     assert other is None or other not in message
 
 
+def test_a_memory_kill_names_the_limit_when_the_gateway_knows_it() -> None:
+    _, message = describe_exit(137, "", 0.4, "memory_limit", memory_limit_mib=1536)
+    assert "the memory limit (1,536 MiB) was reached; use less memory" in message
+    built_in = render_result(
+        EvalResult(stdout="", returncode=137, ended_by="memory_limit"),
+        duration=0.4,
+        settings=Settings(),
+    )
+    assert f"memory limit ({Settings().evaluator_config.memory_limit:,} MiB)" in str(built_in)
+    remote = render_result(
+        EvalResult(stdout="", returncode=137),
+        duration=0.4,
+        settings=Settings(snekbox_url="http://snekbox:8060"),
+    )
+    assert "MiB" not in str(remote) and "does not say which" in str(remote)
+
+
 def test_long_output_keeps_head_and_tail_and_says_sizes() -> None:
     stdout = "".join(f"line {i}\n" for i in range(100_000))
     result = render_result(

@@ -108,7 +108,7 @@ async def test_memory_limit_kill(gateway_url: str, transport: str) -> None:
     assert result.structured_content["status"] == "killed"
     text = text_of(result)
     assert text.startswith("(no output)")
-    assert "the memory limit was reached; use less memory, e.g. process the data in chunks" in text
+    assert "MiB) was reached; use less memory, e.g. process the data in chunks" in text
     assert "time limit" not in text
 
 
