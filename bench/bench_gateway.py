@@ -14,47 +14,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 
-import httpx
+from _common import free_port, percentile, python_server
 from mcp import Client
 from mcp.client.sse import sse_client
 
 import plotting
 from snekbox_client import SnekboxClient
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start(args: list[str], env: dict[str, str], ready_url: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, *args], env={**os.environ, **env})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{args} exited with {process.returncode}")
-        try:
-            if httpx.request("OPTIONS" if "eval" in ready_url else "GET", ready_url).is_success:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise TimeoutError(f"{args} did not become ready")
-
-
-def percentile(samples: list[float], q: float) -> float:
-    return (
-        statistics.quantiles(samples, n=100, method="inclusive")[q - 1] if q < 100 else max(samples)
-    )
 
 
 async def measure(n: int, evaluator_url: str, gateway_url: str) -> dict[str, list[float]]:
@@ -98,25 +67,19 @@ def main() -> None:
     eval_port, gateway_port = free_port(), free_port()
     evaluator_url = f"http://127.0.0.1:{eval_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
-    evaluator = start(
-        ["-m", "evaluator", "--port", str(eval_port), "--log-level", "warning"],
-        {},
-        f"{evaluator_url}/eval",
-    )
-    try:
-        gateway = start(
+    gateway_env = {**os.environ, "MCP_LOG_LEVEL": "warning", "SNEKBOX_URL": evaluator_url}
+    with (
+        python_server(
+            ["-m", "evaluator", "--port", str(eval_port), "--log-level", "warning"],
+            f"OPTIONS {evaluator_url}/eval",
+        ),
+        python_server(
             ["-m", "python_mcp_server", "--port", str(gateway_port)],
-            {"MCP_LOG_LEVEL": "warning", "SNEKBOX_URL": evaluator_url},
-            f"{gateway_url}/healthz",
-        )
-        try:
-            samples = asyncio.run(measure(args.n, evaluator_url, gateway_url))
-        finally:
-            gateway.terminate()
-            gateway.wait(10)
-    finally:
-        evaluator.terminate()
-        evaluator.wait(10)
+            f"GET {gateway_url}/healthz",
+            env=gateway_env,
+        ),
+    ):
+        samples = asyncio.run(measure(args.n, evaluator_url, gateway_url))
 
     base50 = statistics.median(samples["direct /eval"])
     base95 = percentile(samples["direct /eval"], 95)

@@ -16,54 +16,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import anyio
-import httpx
+from _common import free_port, percentile, python_server
 from mcp import Client
 from mcp.client.sse import sse_client
 
 OVERALL_LIMIT = 600.0  # seconds: the whole run is bounded
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_gateway(port: int, default_admission: bool) -> subprocess.Popen[bytes]:
+@contextmanager
+def gateway_on(port: int, default_admission: bool) -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, "MCP_LOG_LEVEL": "warning"}
     if not default_admission:
         env |= {"MCP_MAX_WAITING": "100", "MCP_MAX_WAIT": "120"}
     env.pop("SNEKBOX_URL", None)
     env.pop("MCP_AUTH_TOKEN", None)
     env.pop("MCP_AUTH_TOKEN_FILE", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "python_mcp_server", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the gateway exited with {process.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise TimeoutError("the gateway did not become ready within 60 s")
+    args = ["-m", "python_mcp_server", "--host", "127.0.0.1", "--port", str(port)]
+    probe = f"GET http://127.0.0.1:{port}/readyz"
+    with python_server(args, probe, env=env, quiet=True) as process:
+        yield process
 
 
 # --- Memory -------------------------------------------------------------------------------------
@@ -178,10 +159,6 @@ async def load(url: str, sessions: int, total_calls: int) -> tuple[Tally, float]
     return tally, time.perf_counter() - started
 
 
-def percentile(samples: list[float], q: int) -> float:
-    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=50)
@@ -195,15 +172,11 @@ def main() -> None:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    gateway = start_gateway(port, args.default_admission)
-    try:
+    with gateway_on(port, args.default_admission) as gateway:
         baseline = _status_kib(gateway.pid, "VmRSS")
         with MemorySampler(gateway.pid) as memory:
             tally, total = asyncio.run(load(url, args.sessions, args.calls))
         hwm = memory.hwm
-    finally:
-        gateway.terminate()
-        gateway.wait(30)
 
     ok = sum(tally.seen.values())
     duplicated = [t for t, n in tally.seen.items() if n > 1]

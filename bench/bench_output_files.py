@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from _common import free_port, python_server
 from mcp import Client
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,12 +52,6 @@ CALLS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -74,25 +67,8 @@ def reset_peak(pid: int) -> None:
 def started(args: list[str], tree: Path, env: dict[str, str], probe: str) -> Iterator[int]:
     """``python <args>`` run from ``tree`` (its code first on sys.path); yields its pid."""
     environ = {**os.environ, **env, "PYTHONPATH": str(tree)}
-    process = subprocess.Popen([sys.executable, *args], cwd=tree, env=environ)
-    try:
-        deadline = time.monotonic() + 90
-        method, url = probe.split(" ", 1)
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"{args} exited with {process.returncode}")
-            try:
-                if httpx.request(method, url, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{args} did not start")
-            time.sleep(0.1)
+    with python_server(args, probe, env=environ, cwd=tree, timeout=90) as process:
         yield process.pid
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @contextmanager

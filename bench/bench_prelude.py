@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _common import percentile
+
 from plotting import build_request
 from snekbox_client import EvalRequest, SnekboxClient
 
@@ -122,10 +124,6 @@ def interleave(
 def check(output: str, returncode: int | None) -> None:
     if (output, returncode) != (EXPECTED, 0):
         raise SystemExit(f"unexpected result: returncode {returncode}, output {output!r}")
-
-
-def percentile(values: list[float], p: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
 
 
 def report(where: str, bare: list[float], prelude: list[float]) -> None:

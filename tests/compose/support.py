@@ -36,6 +36,6 @@ def interpolate(value: Any, environ: dict[str, str] | None = None) -> Any:
 
 
 def load(which: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
-    data = yaml.safe_load(COMPOSE_FILES[which].read_text())
+    data = interpolate(yaml.safe_load(COMPOSE_FILES[which].read_text()), environ)
     assert isinstance(data, dict)
-    return interpolate(data, environ)  # type: ignore[no-any-return]
+    return data

@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -21,8 +22,10 @@ GATEWAY_PORT = 18080
 TIME_LIMIT_S, MEMORY_LIMIT_MIB, PIDS_LIMIT = 10, 256, 64
 
 
-def services(stack: str) -> dict:
-    return load(stack)["services"]
+def services(stack: str) -> dict[str, Any]:
+    found = load(stack)["services"]
+    assert isinstance(found, dict)
+    return found
 
 
 def compose_command() -> list[str] | None:
@@ -94,7 +97,7 @@ def test_gateway_talks_to_the_evaluation_service_once_healthy(stack: str) -> Non
 
 
 def test_both_stacks_run_the_same_gateway() -> None:
-    def comparable(stack: str) -> dict:
+    def comparable(stack: str) -> dict[str, Any]:
         gateway = dict(services(stack)["gateway"])
         gateway["environment"] = dict(gateway["environment"])
         del gateway["environment"]["SNEKBOX_URL"], gateway["depends_on"]

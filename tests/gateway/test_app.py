@@ -19,7 +19,7 @@ from mcp import Client
 from evaluator import SandboxUnavailable
 from python_mcp_server import Gateway, Settings
 from tests.gateway.conftest import with_evaluator
-from tests.support import closed_port, connect, wait_until_answers
+from tests.support import closed_port, connect, text_of, wait_until_answers
 
 
 def test_healthz_and_readyz(gateway_url: str) -> None:
@@ -106,9 +106,9 @@ async def test_sigterm_drains_calls_in_flight_and_turns_new_ones_away() -> None:
         process.kill()
     for name in ("sse", "http"):
         assert not results[name].is_error, name
-        assert results[name].content[0].text.startswith("finished\n"), name
+        assert text_of(results[name]).startswith("finished\n"), name
     assert late.is_error
-    assert "The gateway is shutting down" in late.content[0].text
+    assert "The gateway is shutting down" in text_of(late)
 
 
 @pytest.mark.anyio

@@ -44,7 +44,7 @@ def render(
 
 
 def structured(result: CallToolResult) -> dict[str, Any]:
-    assert result.structured_content is not None
+    assert isinstance(result.structured_content, dict), result
     return result.structured_content
 
 

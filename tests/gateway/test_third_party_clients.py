@@ -25,10 +25,10 @@ from typing import NoReturn
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
-from mcp.types import ImageContent, TextContent
+from mcp.types import ImageContent
 
 from python_mcp_server import Settings, create_app
-from tests.support import serve
+from tests.support import serve, text_of
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +91,7 @@ async def test_mcp_proxy_bridges_a_stdio_client(gateway_url: str, transport: str
             result = await client.call_tool("execute_python_code", {"code": code})
     assert [t.name for t in tools] == ["execute_python_code"]
     assert not result.is_error
-    first = result.content[0]
-    assert isinstance(first, TextContent) and first.text.startswith("via proxy\n")
+    assert text_of(result).startswith("via proxy\n")
     assert [type(c) for c in result.content[1:]] == [ImageContent]
     assert result.structured_content is not None
     assert result.structured_content["returncode"] == 0

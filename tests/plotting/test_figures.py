@@ -25,12 +25,14 @@ RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
 def pngs(run: Run) -> dict[str, tuple[tuple[int, int], tuple[int, ...]]]:
     """Each PNG in the working directory: its pixel size and the colour of its corner."""
-    found = {}
+    found: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {}
     for name in run.files():
         path = run.workdir / name
         if path.read_bytes().startswith(PNG_SIGNATURE):
             with Image.open(path) as image:
-                found[name] = (image.size, image.convert("RGB").getpixel((2, 2)))
+                corner = image.convert("RGB").getpixel((2, 2))
+                assert isinstance(corner, tuple), corner  # an RGB image's pixel: (r, g, b)
+                found[name] = (image.size, corner)
     return found
 
 

@@ -42,7 +42,11 @@ def random_answer(rng: random.Random) -> dict[str, Any]:
         entry["extra"] = [1, {"k": [None, True, '\\"', -1.5e3]}]
         files.append(entry)
     stdout = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
-    answer = {"stdout": stdout, "returncode": rng.choice([0, 1, None, 137]), "files": files}
+    answer: dict[str, Any] = {
+        "stdout": stdout,
+        "returncode": rng.choice([0, 1, None, 137]),
+        "files": files,
+    }
     answer["unknown"] = {"nested": [[], {}, "x" * rng.randint(0, 30)]}
     ended_by = rng.choice(["absent", None, "exit", "time_limit", "memory_limit", "output_limit"])
     if ended_by != "absent":
