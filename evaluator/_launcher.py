@@ -12,6 +12,10 @@ this order:
    directory with a small tmpfs holding bind mounts of only the paths the sandbox needs;
 4. drops to the run's unprivileged host uid and gid (no supplementary groups), which clears
    every capability;
+4'. or, when the service is not root (it cannot mount), enters a user and mount namespace of
+   its own (its uid and gid mapped to themselves), mounts the run's size-bounded tmpfs on the
+   working directory there, and writes :data:`_MOUNTED` to stdout: the service then opens the
+   directory through ``/proc/<pid>/root``, which keeps the tmpfs reachable after the run;
 5. blocks reading its command line from fd 3, and execs it (bwrap) with fd 4 its seccomp
    program. EOF without the release marker means the run was cancelled, or the service died:
    it exits at once. After the exec, bwrap's ``--die-with-parent`` ties the run to the service.
@@ -32,27 +36,70 @@ _RELEASE = b"\xffrun\xff"
 _ARGS_FD = 3
 _KEPT_FDS = 5  # stdin, stdout, stderr, the command line, the seccomp program
 
-_CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_SLAVE = 2, 4, 4096, 16384, 1 << 19
+_MOUNTED = b"\x06"
+
+_CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_SLAVE = 2, 4, 8, 4096, 16384, 1 << 19
+
+
+class _Libc:
+    """unshare(2) and mount(2), which ``os`` lacks before 3.12 (and mount(2) always)."""
+
+    def __init__(self) -> None:
+        # Imported only here: a run as root with nothing to cover needs no mount, and ctypes
+        # costs a few ms to load.
+        import ctypes
+
+        self._ctypes = ctypes
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def _check(self, result: int, what: str) -> None:
+        if result != 0:
+            err = self._ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def unshare(self, flags: int) -> None:
+        self._check(self._libc.unshare(flags), f"unshare({flags:#x})")
+
+    def mount(
+        self, source: str, target: str, fstype: str | None, flags: int, data: str | None
+    ) -> None:
+        encoded = [x.encode() if x else None for x in (source, target, fstype, data)]
+        self._check(
+            self._libc.mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]),
+            f"mount {target}",
+        )
+
+
+def _mount_workdir(path: str, size: int, inodes: int) -> None:
+    """Mount the run's tmpfs on ``path`` in a user and mount namespace of this process's own."""
+    libc = _Libc()
+    uid, gid = os.getuid(), os.getgid()
+    libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
+    for name, line in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
+        with open(f"/proc/self/{name}", "w") as file:
+            file.write(line)
+    libc.mount("none", "/", None, _MS_REC | _MS_SLAVE, None)
+    libc.mount(
+        "tmpfs",
+        path,
+        "tmpfs",
+        _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+        f"size={size},nr_inodes={inodes},mode=0700",
+    )
+    os.mkdir(f"{path}/.tmp", 0o700)
+    os.write(1, _MOUNTED)
 
 
 def _expose(covers: list[tuple[str, list[str]]]) -> None:
     """Cover each blocked directory with a tmpfs holding bind mounts of only the given paths."""
-    # Imported only here: most launchers need no mount, and ctypes costs a few ms to load.
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def check(result: int, what: str) -> None:
-        if result != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}")
-
-    def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
-        encoded = [x.encode() if x else None for x in (source, target, fstype, data)]
-        check(libc.mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]), f"mount {target}")
-
-    check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    libc = _Libc()
+    mount = libc.mount
+    libc.unshare(_CLONE_NEWNS)
     # Slave: unmounts made by the service (a run's working directory) still reach this view.
     mount("none", "/", None, _MS_REC | _MS_SLAVE, None)
     for blocked, paths in covers:
@@ -85,6 +132,8 @@ def main() -> None:
         os.setresuid(spec["uid"], spec["uid"], spec["uid"])
         if os.getresuid() != (spec["uid"],) * 3 or os.getgroups():
             raise PermissionError("the sandbox user could not be assumed")
+    if spec["workdir"] is not None:
+        _mount_workdir(*spec["workdir"])
     os.closerange(_KEPT_FDS, os.sysconf("SC_OPEN_MAX"))
     os.chdir(spec["cwd"])
     chunks = []

@@ -37,6 +37,8 @@ _LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 # Ends a released command line; a launcher that reads EOF without it (the run was cancelled,
 # or the service died mid-write) exits without running anything.
 _RELEASE = b"\xffrun\xff"
+# What the launcher writes once it has mounted the working directory (_launcher._MOUNTED).
+_MOUNTED = b"\x06"
 # Where bwrap finds the seccomp program (the launcher's fd 4).
 _SECCOMP_FD = 4
 # The user inside the sandbox: nobody, like Snekbox. On the host it is the run's own uid.
@@ -52,6 +54,9 @@ _DRAIN_GRACE, _KILL_GRACE = 0.5, 5.0
 # The watchdog thread kills a run this long after its time limit if the event loop, stalled,
 # has not done it already.
 _WATCHDOG_MARGIN = 0.25
+# Seconds a launcher may take to mount the working directory (a few ms; it is never released
+# past this: the run fails as a sandbox failure).
+_MOUNT_WAIT = 10.0
 # Reported when the exit status is lost (the child was reaped by someone else: never expected).
 LOST_STATUS = 255
 
@@ -155,6 +160,9 @@ class LaunchSpec:
             of the run's own.
         cwd: Its working directory.
         env: The environment of the command (bwrap clears it for the code anyway).
+        workdir: ``(path, bytes, inodes)``: a tmpfs it mounts on the working directory, in a
+            user and mount namespace of its own, for a service that cannot mount (not root);
+            :meth:`JailedProcess.mounted` then says when it is there.
     """
 
     cgroup_procs: tuple[str, ...] = ()
@@ -163,6 +171,7 @@ class LaunchSpec:
     covers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     cwd: str = "/"
     env: Mapping[str, str] | None = None
+    workdir: tuple[str, int, int] | None = None
 
     def argv(self) -> list[str]:
         spec = {
@@ -173,6 +182,7 @@ class LaunchSpec:
             "covers": [[d, list(paths)] for d, paths in self.covers],
             "cwd": self.cwd,
             "env": dict(self.env or {}),
+            "workdir": list(self.workdir) if self.workdir else None,
         }
         # -I -S: none of the environment, no site-packages, so nothing of the service loads.
         return [sys.executable, "-I", "-S", _LAUNCHER, marshal.dumps(spec).hex()]
@@ -194,6 +204,8 @@ class JailedProcess:
         self._lock = threading.Lock()
         self._watchdog: threading.Timer | None = None
         self._timed_out = False
+        # Output read before the release, while waiting for the mount (a launcher's error).
+        self._early = b""
 
     @classmethod
     def spawn(
@@ -224,6 +236,35 @@ class JailedProcess:
                 os.close(fd)
         os.set_blocking(out_r, False)
         return cls(pid, args_w, out_r, cgroup)
+
+    async def mounted(self) -> bool:
+        """Wait until the launcher has mounted the working directory (``LaunchSpec.workdir``).
+
+        ``False``: it failed first (its message becomes the run's output, and it exits 255).
+        """
+        if self._output_fd is None:
+            return False
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+        fd = self._output_fd
+
+        def on_readable() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(fd, on_readable)
+        try:
+            await asyncio.wait((readable,), timeout=_MOUNT_WAIT)
+        finally:
+            loop.remove_reader(fd)
+        try:
+            first = os.read(fd, 1)
+        except BlockingIOError:
+            return False
+        if first == _MOUNTED:
+            return True
+        self._early = first
+        return False
 
     def release(self, argv: Sequence[str], time_limit: float) -> None:
         """Hand the launcher its command line: it execs it now, and the clock starts.
@@ -288,7 +329,7 @@ class JailedProcess:
         if self._deadline is None or self._output_fd is None:
             raise RuntimeError("wait() needs a released process")
         loop = asyncio.get_running_loop()
-        output = bytearray()
+        output = bytearray(self._early)
         ended_by: Literal["exit", "time_limit", "output_limit"] = "exit"
         drained: asyncio.Future[None] = loop.create_future()
         exited: asyncio.Future[None] = loop.create_future()

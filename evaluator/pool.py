@@ -96,6 +96,25 @@ class SandboxPool:
         """
         return self._ready.pop() if self._ready else self.prepare()
 
+    async def ready(self, sandbox: Sandbox) -> bool:
+        """Wait until a sandbox's working directory is there to write in (see :meth:`take`).
+
+        ``False``: its launcher failed (it is killed; its output says why).
+        """
+        workdir = sandbox.workdir
+        if workdir.launcher_mount is None or workdir.mounted:
+            return True
+        try:
+            if await sandbox.process.mounted():
+                workdir.attach(sandbox.process.pid)
+                return True
+        except OSError:
+            log.exception(
+                "could not reach the working directory of sandbox %d", sandbox.process.pid
+            )
+        sandbox.process.kill()
+        return False
+
     def prepare(self) -> Sandbox:
         """Make a sandbox: working directory, cgroups, and the process waiting in them.
 
@@ -120,6 +139,9 @@ class SandboxPool:
                 covers=self._covers,
                 cwd="/" if self._host_env is None else str(workdir.path),
                 env=self._environment(workdir),
+                workdir=(str(workdir.path), *workdir.launcher_mount)
+                if workdir.launcher_mount
+                else None,
             )
             seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None
             try:

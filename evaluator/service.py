@@ -120,7 +120,8 @@ class Evaluator:
         if swept:
             log.info("removed %d cgroups left by a previous evaluator", swept)
         self._root = WorkdirRoot.create(config.workdir_root)
-        blocked = self._covers(self._root) if self._users.dropping else ()
+        # Not root: each run's launcher mounts its size-bounded tmpfs, in a user namespace.
+        self._root.launchers_mount = not self._root.can_mount and not config.unsandboxed
         empty = self._root.path / "empty"
         empty.touch(0o444)
         self._empty_file = str(empty)
@@ -130,11 +131,47 @@ class Evaluator:
                 self._seccomp = seccomp.compile_filter(shared_user=not self._users.dropping)
             else:
                 self._seccomp_reason = reason
+        _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        self._started = True
+        try:
+            pool = await self._start_pool()
+        except BaseException:
+            await self.aclose()
+            raise
+        for limit in self.limits_in_force():
+            log.log(logging.INFO if limit.enforced else logging.WARNING, "limit %s", limit)
+        pool.refill()
+        if not config.unsandboxed:
+            self._fontlist_task = asyncio.ensure_future(self._build_fontlist(pool))
+
+    async def _start_pool(self) -> SandboxPool:
+        """Make the pool and prove a first run works in it.
+
+        Should the launchers fail to mount their working directories (user namespaces that
+        cannot nest, say), the runs go on in plain directories, and the limit says so.
+        """
+        while True:
+            pool = self._make_pool()
+            try:
+                await self._probe()
+                return pool
+            except SandboxUnavailable as exc:
+                root = self._root
+                if root is None or not root.launchers_mount:
+                    raise
+                log.warning("a run's own tmpfs cannot be mounted here: %s", exc)
+                root.launchers_mount = False
+                await pool.aclose()
+
+    def _make_pool(self) -> SandboxPool:
+        config, root = self.config, self._root
+        assert root is not None
         rlimits, self._nproc = limits.rlimits(
-            config, self._cgroups, mounted=self._root.can_mount, own_uid=self._users.dropping
+            config, self._cgroups, mounted=root.bounded, own_uid=self._users.dropping
         )
+        blocked = self._covers(root) if self._users.dropping else ()
         pool = self._pool = SandboxPool(
-            self._root,
+            root,
             self._cgroups,
             self._users,
             covers=blocked,
@@ -145,18 +182,7 @@ class Evaluator:
             host_env=environment(config) if config.unsandboxed else None,
             ready=config.concurrency if config.prewarm else 0,
         )
-        _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        self._started = True
-        try:
-            await self._probe()
-        except BaseException:
-            await self.aclose()
-            raise
-        for limit in self.limits_in_force():
-            log.log(logging.INFO if limit.enforced else logging.WARNING, "limit %s", limit)
-        pool.refill()
-        if not config.unsandboxed:
-            self._fontlist_task = asyncio.ensure_future(self._build_fontlist(pool))
+        return pool
 
     async def run(self, request: EvalRequest) -> EvalResult:
         """Run one request and return its result.
@@ -208,7 +234,7 @@ class Evaluator:
         return limits.describe(
             self.config,
             self._cgroups,
-            mounted=self._root is not None and self._root.can_mount,
+            mounted=self._root is not None and self._root.bounded,
             nproc=self._nproc,
             users=self._users,
             seccomp_reason=None if self._seccomp is not None else self._seccomp_reason,
@@ -234,10 +260,13 @@ class Evaluator:
         self, sandbox: Sandbox, command: list[str], request: EvalRequest
     ) -> EvalResult:
         config = self.config
-        try:
-            written = await asyncio.to_thread(sandbox.workdir.write_files, request.files)
-        except WriteError as exc:
-            return EvalResult(str(exc), None)
+        assert self._pool is not None
+        written: dict[str, int] = {}
+        if await self._pool.ready(sandbox):
+            try:
+                written = await asyncio.to_thread(sandbox.workdir.write_files, request.files)
+            except WriteError as exc:
+                return EvalResult(str(exc), None)
         sandbox.process.release(self._argv(command, sandbox.workdir), config.time_limit)
         outcome = await sandbox.process.wait(config.output_limit)
         stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
@@ -300,11 +329,12 @@ class Evaluator:
     async def _build_fontlist(self, pool: SandboxPool) -> None:
         sandbox = pool.prepare()
         try:
+            await pool.ready(sandbox)
             sandbox.process.release(
                 self._argv([self.config.executable, "-c", _FONTLIST], sandbox.workdir), 60
             )
             outcome = await sandbox.process.wait(self.config.output_limit)
-            cache = sandbox.workdir.path / MPLCONFIGDIR.removeprefix("/home/")
+            cache = sandbox.workdir.access / MPLCONFIGDIR.removeprefix("/home/")
             built = sorted(cache.glob("fontlist-v*.json")) if outcome.returncode == 0 else []
             if not built or self._root is None:
                 log.info("no prebuilt matplotlib font list (is matplotlib installed?)")

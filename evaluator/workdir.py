@@ -2,7 +2,11 @@
 
 Where this process may mount (root), each run gets its own tmpfs, mounted by syscall (~0.2 ms)
 with a size and an inode bound, on a directory inside a private directory of the service.
-Elsewhere it is a plain directory and only the output collection bounds what comes back.
+Where it may not (an ordinary user), the run's launcher mounts that tmpfs in a user and mount
+namespace of its own (:mod:`._launcher`), and this process reaches it by a descriptor opened
+through ``/proc/<launcher>/root`` (:meth:`Workdir.attach`), which keeps it alive after the run's
+namespaces are gone. Unsandboxed, it is a plain directory, and only the output collection
+bounds what comes back.
 Input files are written in before the run; output files are collected after it by Snekbox's
 rules, reading regular files only and never following a symlink.
 
@@ -64,6 +68,13 @@ class WorkdirRoot:
     def __init__(self, path: Path, can_mount: bool) -> None:
         self.path = path
         self.can_mount = can_mount
+        #: The runs' launchers mount their working directories (set by the service).
+        self.launchers_mount = False
+
+    @property
+    def bounded(self) -> bool:
+        """Whether each working directory is a size-bounded tmpfs."""
+        return self.can_mount or self.launchers_mount
 
     @classmethod
     def create(cls, base: str | None) -> WorkdirRoot:
@@ -97,10 +108,16 @@ class Workdir:
     """One run's working directory (``/home`` inside the sandbox)."""
 
     def __init__(self, path: Path, mounted: bool, size: int) -> None:
+        #: The directory as the run's launcher (and bwrap) sees it.
         self.path = path
+        #: Where this process reads and writes it: ``path``, or the launcher's tmpfs.
+        self.access = path
         self.mounted = mounted
         self.size = size
         self.owner: tuple[int, int] | None = None
+        #: ``(bytes, inodes)`` of the tmpfs the run's launcher mounts, until :meth:`attach`.
+        self.launcher_mount: tuple[int, int] | None = None
+        self._fd: int | None = None
 
     @classmethod
     def create(
@@ -111,6 +128,10 @@ class Workdir:
         ``owner``: the host ``(uid, gid)`` of the run, which then owns the directory.
         """
         path = Path(tempfile.mkdtemp(prefix="run-", dir=root.path))
+        if root.launchers_mount and not root.can_mount:
+            workdir = cls(path, False, size)
+            workdir.launcher_mount = (size, inodes)
+            return workdir
         if root.can_mount:
             try:
                 _mount_tmpfs(path, size, inodes, owner)
@@ -126,6 +147,20 @@ class Workdir:
             os.chown(path / TMP_DIR, *owner)
         return workdir
 
+    def attach(self, pid: int) -> None:
+        """Reach the tmpfs launcher ``pid`` mounted (:data:`launcher_mount`) from now on.
+
+        Raises:
+            OSError: it cannot be opened, or what is there is not the launcher's mount.
+        """
+        fd = os.open(f"/proc/{pid}/root{self.path}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        if os.fstat(fd).st_dev == os.stat(self.path).st_dev:
+            os.close(fd)
+            raise OSError(errno.ENOENT, "the launcher's working directory is not mounted")
+        self._fd = fd
+        self.access = Path(f"/proc/self/fd/{fd}")
+        self.mounted = True
+
     def write_files(self, files: Iterable[File]) -> dict[str, int]:
         """Write the request's files; return their mtimes (ns) to spot unmodified ones later.
 
@@ -134,16 +169,16 @@ class Workdir:
         """
         written: dict[str, int] = {}
         for file in files:
-            target = Path(os.path.normpath(self.path / file.path))
+            target = Path(os.path.normpath(self.access / file.path))
             try:
-                if self.path not in target.parents:
+                if self.access not in target.parents:
                     raise IsADirectoryError(errno.EISDIR, "not a file path", str(target))
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(file.content)
                 target.chmod(0o777)
                 if self.owner is not None:
-                    _chown_below(self.path, target, self.owner)
-                written[str(target.relative_to(self.path))] = target.stat().st_mtime_ns
+                    _chown_below(self.access, target, self.owner)
+                written[str(target.relative_to(self.access))] = target.stat().st_mtime_ns
             except OSError as exc:
                 raise WriteError(
                     f"{type(exc).__name__}: Failed to create file '{file.path}'."
@@ -173,7 +208,7 @@ class Workdir:
                 name that is not UTF-8.
         """
         deadline = time.monotonic() + timeout
-        root_fd = _open_dir(self.path)
+        root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
         try:
             found: list[tuple[str, os.stat_result]] = []
             _scan(root_fd, "", 0, found, deadline)
@@ -215,6 +250,12 @@ class Workdir:
 
     def remove(self) -> None:
         """Unmount and delete the directory."""
+        if self._fd is not None:
+            # The last reference to the launcher's tmpfs, once its namespaces are gone.
+            os.close(self._fd)
+            self._fd = None
+            self.access = self.path
+            self.mounted = False
         if self.mounted:
             _unmount(self.path)
             self.mounted = False
@@ -354,6 +395,15 @@ def _mounts_under(directory: Path) -> list[Path]:
         if mount_point.startswith(prefix):
             found.append(Path(mount_point))
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def _open_attached(path_fd: int) -> int:
+    """Open the directory ``path_fd`` pins (``O_PATH``), its owner's ``rwx`` given back first."""
+    pinned = f"/proc/self/fd/{path_fd}"
+    info = os.stat(pinned)
+    if info.st_mode & 0o700 != 0o700 and info.st_uid == os.geteuid():
+        os.chmod(pinned, stat.S_IMODE(info.st_mode) | 0o700)
+    return os.open(".", _DIR_FLAGS, dir_fd=path_fd)
 
 
 def _open_dir(name: str | Path, dir_fd: int | None = None) -> int:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from mcp.types import ImageContent
 
+from tests.evaluator import isolation
 from tests.support import connect, text_of
 
 URL = os.environ.get("COMPOSE_TEST_URL", "").rstrip("/")
@@ -92,6 +93,16 @@ async def test_time_limit_kills_the_run() -> None:
     assert result.structured_content["status"] == "killed"
     assert text_of(result).startswith("spinning\n")
     assert TIME_LIMIT - 0.5 <= elapsed <= TIME_LIMIT + 20
+
+
+@pytest.mark.anyio
+async def test_the_working_directory_is_bounded() -> None:
+    if STACK != "builtin":
+        pytest.skip("the built-in evaluator's promise (Snekbox bounds its own tmpfs)")
+    result = await call("http", isolation.DISK)
+    assert not result.is_error, result
+    # The output, then the status line: both writes ended in ENOSPC.
+    assert text_of(result).startswith("ENOSPC\nENOSPC True\n"), text_of(result)
 
 
 async def hostname_of_the_replica(limit: float = 120) -> str:

@@ -130,3 +130,24 @@ def inotify_probe(delay: float) -> str:
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "print('ok' if libc.inotify_init1(0) >= 0 else ctypes.get_errno())\n"
     )
+
+
+#: Writes past the working directory's size (the tests' 48 MiB default), then past its inodes.
+DISK = r"""
+import errno, os
+try:
+    with open('big', 'wb') as f:
+        for _ in range(60): f.write(b'x' * 1024 * 1024)
+except OSError as e:
+    print(errno.errorcode[e.errno])
+os.remove('big')
+try:
+    for i in range(5000): open(f'_f{i}', 'w').close()
+except OSError as e:
+    print(errno.errorcode[e.errno], i < 4096)
+"""
+
+
+def check_disk(stdout: str) -> None:
+    """The working directory is a tmpfs of bounded size and inodes: both end in ENOSPC."""
+    assert stdout == "ENOSPC\nENOSPC True\n", stdout

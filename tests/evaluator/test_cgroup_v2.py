@@ -7,8 +7,8 @@ case); a missing delegation then fails instead of skipping.
 
 The VM is emulated (qemu TCG, about 12 times slower than the host, on a shared machine), so the
 limits here are generous: only the time-limit test has a short one. The checks are the promises
-of the README: memory (137, not MemoryError), processes, time; no host root, capability, network
-or file; and one gateway call returning a figure.
+of the README: memory (137, not MemoryError), processes, the working directory's size, time;
+no host root, capability, network or file; and one gateway call returning a figure.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from mcp.types import ImageContent, TextContent
+from mcp.types import ImageContent
 from PIL import Image
 
 from evaluator import Evaluator
@@ -35,8 +35,8 @@ from evaluator.cgroups import _cgroup_mounts, _own_v2_cgroup
 from evaluator.config import MiB
 from python_mcp_server import Settings, create_app
 from snekbox_client import EvalRequest, EvalResult
-from tests.gateway.conftest import connect, with_time_limit
-from tests.support import serve
+from tests.gateway.conftest import with_time_limit
+from tests.support import connect, serve, text_of
 
 from . import isolation
 from .conftest import config
@@ -151,6 +151,15 @@ async def test_a_fork_bomb_stops_at_pids_max(evaluator: Evaluator) -> None:
     forks, errno_ = map(int, result.stdout.split())
     assert 10 < forks < 64
     assert errno_ == 11  # EAGAIN
+
+
+async def test_the_working_directory_is_a_bounded_tmpfs(evaluator: Evaluator) -> None:
+    """Mounted by the service as root, by the run's launcher in a user namespace otherwise."""
+    limits = {limit.name: limit for limit in evaluator.limits_in_force()}
+    assert limits["working directory"].enforced, limits["working directory"]
+    result = await run(evaluator, isolation.DISK)
+    assert result.returncode == 0, result.stdout
+    isolation.check_disk(result.stdout)
 
 
 async def test_a_run_is_killed_at_the_time_limit() -> None:
@@ -277,13 +286,12 @@ async def test_the_gateway_returns_a_figure() -> None:
         with anyio.fail_after(300):
             async with connect(url, "http") as client:
                 result = await client.call_tool("execute_python_code", {"code": FIGURE})
-    first = result.content[0]
-    assert isinstance(first, TextContent)
-    assert not result.is_error, first.text
+    text = text_of(result)
+    assert not result.is_error, text
     # "in", not "startswith": a call made while the evaluator still builds its matplotlib font
     # list (emulated, for half a minute after start) gets matplotlib's "building the font cache"
     # line first.
-    assert "drawn\n" in first.text, first.text
+    assert "drawn\n" in text, text
     [image] = [c for c in result.content if isinstance(c, ImageContent)]
     data = base64.b64decode(image.data)
     with Image.open(io.BytesIO(data)) as png:

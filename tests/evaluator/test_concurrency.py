@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import anyio
@@ -78,3 +79,30 @@ async def test_orphan_reaping_leaves_an_exited_run_to_its_owner(tmp_path: Path) 
         assert process.pid not in owned()
     finally:
         await process.aclose()
+
+
+async def test_a_launcher_mounts_its_working_directory_or_says_why(tmp_path: Path) -> None:
+    """The mount of a service that cannot mount (LaunchSpec.workdir), its success and failure."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    process = JailedProcess.spawn(LaunchSpec(workdir=(str(workdir), 1 << 20, 64)), cgroup=None)
+    try:
+        with anyio.fail_after(10):
+            assert await process.mounted()
+        root = Path(f"/proc/{process.pid}/root{workdir}")
+        assert os.stat(root).st_dev != os.stat(workdir).st_dev, "not a mount of its own"
+        assert os.listdir(root) == [".tmp"] and os.listdir(workdir) == []
+    finally:
+        await process.aclose()
+    missing = JailedProcess.spawn(
+        LaunchSpec(workdir=(str(tmp_path / "gone"), 1 << 20, 64)), cgroup=None
+    )
+    try:
+        with anyio.fail_after(10):
+            assert not await missing.mounted()
+        missing.release(["/bin/true"], 5)
+        outcome = await missing.wait(1000)
+        assert outcome.returncode == 255
+        assert b"the sandbox could not start: FileNotFoundError" in outcome.output
+    finally:
+        await missing.aclose()

@@ -17,6 +17,7 @@ import pytest
 
 from evaluator import Evaluator, create_app
 
+from . import isolation
 from .conftest import TIME_LIMIT, b64, config, run
 
 
@@ -270,21 +271,8 @@ async def test_writes_outside_the_working_directory_fail(client: httpx.AsyncClie
 
 
 async def test_working_directory_size_is_bounded(client: httpx.AsyncClient) -> None:
-    code = (
-        "import errno\n"
-        "try:\n"
-        "    with open('big', 'wb') as f:\n"
-        "        for _ in range(60): f.write(b'x' * 1024 * 1024)\n"
-        "except OSError as e:\n"
-        "    print(errno.errorcode[e.errno])\n"
-        "import os; os.remove('big')\n"
-        "try:\n"
-        "    for i in range(5000): open(f'_f{i}', 'w').close()\n"
-        "except OSError as e:\n"
-        "    print(errno.errorcode[e.errno], i < 4096)"
-    )
-    result = await run(client, code)
-    assert result["stdout"] == "ENOSPC\nENOSPC True\n"
+    result = await run(client, isolation.DISK)
+    isolation.check_disk(result["stdout"])
 
 
 async def test_seccomp_denies_namespaces_mount_and_ptrace(client: httpx.AsyncClient) -> None:
