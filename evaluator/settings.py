@@ -1,65 +1,63 @@
-"""Settings read from ``EVALUATOR_*`` variables and ``--flags``, both made from one declaration.
+"""Settings read from environment variables and ``--flags``, both made from one declaration.
 
 A settings class (an :class:`ExplicitSettings`, pydantic-settings' ``BaseSettings``) declares
-each field once, with its type and bounds; the fields an operator sets are marked :class:`Env`,
-and each of those is the variable ``EVALUATOR_<NAME>`` and the flag ``--<name>``. Built in code,
-such a class takes only its arguments. :func:`load` builds it from a mapping of variables (the
-process environment, read at the entry point) and the flags given, flags first, and words a
-value it refuses in one line naming the variable or flag, the value and what is allowed.
+each field once, with its type and bounds. A field is the variable ``<prefix><NAME>`` (the
+class's ``env_prefix``: ``EVALUATOR_``, ``MCP_``) when :meth:`~ExplicitSettings.variables` names
+it, and the flag ``--<name>`` when it is marked :class:`Flag`. Built in code, such a class takes
+only its arguments. :func:`load` builds it from a mapping of variables (the process environment,
+read at the entry point) and the flags given, flags first, and words each value it refuses as
+``<VARIABLE or --flag>=<value> is not allowed: <reason>``, all in one line.
+
+The reason is a field validator's own message, a whole clause ("it must be exactly ..."), or
+else "it must be " and the field's type and bounds ("an integer >= 1 and <= 65535"). A field
+declared ``repr=False`` is a secret: its value is shown as ``(hidden)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self, TypeVar, get_args
+from typing import Annotated, Any, Literal, Self, TypeVar, Union, get_args, get_origin
 
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 __all__ = [
-    "PREFIX",
-    "Env",
     "EnvironmentSource",
     "ExplicitSettings",
+    "Flag",
     "SettingsError",
     "add_flags",
-    "env_fields",
     "flag",
     "load",
     "shown_default",
-    "variable",
 ]
-
-PREFIX = "EVALUATOR_"
 
 S = TypeVar("S", bound="ExplicitSettings")
 
 
 @dataclass(frozen=True)
-class Env:
-    """Marks a setting an operator sets (``Annotated[..., Env(...)]``).
+class Flag:
+    """Marks a setting that is also the flag ``--<name>`` (``Annotated[..., Flag(...)]``).
 
     Args:
         help: What it is, for ``--help``.
         default: The default in words, when it is computed or absent (``"CPU count"``).
-
-    A field validator that refuses a value raises ``ValueError`` saying what is allowed
-    ("exactly ..."); otherwise the field's type and bounds say it.
+        metavar: What the flag takes, in ``--help`` (default: the NAME). A bool flag takes
+            nothing and sets true, unless it has one.
     """
 
     help: str
     default: str | None = None
+    metavar: str | None = None
 
 
 class SettingsError(ValueError):
-    """A setting's value is not allowed (one line: the variable or flag, the value, the rule)."""
+    """Values that are not allowed, in one line: for each, the variable or flag, the value and
+    the reason."""
 
 
 class ExplicitSettings(BaseSettings):
@@ -84,41 +82,57 @@ class ExplicitSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Not the process environment, which pydantic-settings reads by default (TIME_LIMIT,
-        # CONCURRENCY, ...): the entry point reads it once, through load().
+        # PORT, ...): the entry point reads it once, through load().
         return (init_settings,)
+
+    @classmethod
+    def variable(cls, name: str) -> str:
+        """The environment variable of field ``name``: the class's ``env_prefix`` and NAME."""
+        return cls.model_config.get("env_prefix", "") + name.upper()
+
+    @classmethod
+    def flags(cls) -> dict[str, tuple[FieldInfo, Flag]]:
+        """The fields marked :class:`Flag`, with their marks, in their order."""
+        marked = {}
+        for name, field in cls.model_fields.items():
+            marker = next((m for m in field.metadata if isinstance(m, Flag)), None)
+            if marker is not None:
+                marked[name] = (field, marker)
+        return marked
+
+    @classmethod
+    def variables(cls) -> tuple[str, ...]:
+        """The fields the environment sets: by default, those that are flags."""
+        return tuple(cls.flags())
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied, validated like new settings (pydantic's is not)."""
         copied = super().model_copy(update=update, deep=deep)
-        return self.model_validate(copied.model_dump())
+        return self.model_validate(dict(copied))
 
 
 class EnvironmentSource(PydanticBaseSettingsSource):
-    """The ``EVALUATOR_*`` variables of ``environ`` that set a field marked :class:`Env`.
+    """The variables of ``environ`` that set a field (see :meth:`ExplicitSettings.variables`).
 
     Values are stripped; an empty one is unset (the default holds).
     """
 
     def __init__(self, settings_cls: type[ExplicitSettings], environ: Mapping[str, str]) -> None:
         super().__init__(settings_cls)
+        self._settings_cls = settings_cls
         self._environ = environ
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        value = self._environ.get(variable(field_name), "").strip()
+        value = self._environ.get(self._settings_cls.variable(field_name), "").strip()
         return value or None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
         values = {}
-        for name, (field, _) in env_fields(self.settings_cls).items():
-            value, key, _ = self.get_field_value(field, name)
+        for name in self._settings_cls.variables():
+            value, key, _ = self.get_field_value(self._settings_cls.model_fields[name], name)
             if value is not None:
                 values[key] = value
         return values
-
-
-def variable(name: str) -> str:
-    """The environment variable of field ``name``."""
-    return PREFIX + name.upper()
 
 
 def flag(name: str) -> str:
@@ -126,85 +140,120 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def env_fields(settings_cls: type[BaseSettings]) -> dict[str, tuple[FieldInfo, Env]]:
-    """The fields of ``settings_cls`` marked :class:`Env`, with their marks, in their order."""
-    marked = {}
-    for name, field in settings_cls.model_fields.items():
-        marker = next((m for m in field.metadata if isinstance(m, Env)), None)
-        if marker is not None:
-            marked[name] = (field, marker)
-    return marked
-
-
-def shown_default(field: FieldInfo, marker: Env) -> str:
+def shown_default(field: FieldInfo, marker: Flag) -> str:
     """The default as ``--help`` and the README show it: the value, or in words."""
     if marker.default is not None:
         return marker.default
     value = field.default
+    if isinstance(value, bool):
+        return str(value).lower()
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def add_flags(parser: argparse.ArgumentParser, settings_cls: type[ExplicitSettings]) -> None:
-    """Add ``--<name>`` for each :class:`Env` field; a flag not given leaves no attribute.
+    """Add ``--<name>`` for each :class:`Flag` field; a flag not given leaves no attribute.
 
-    The values stay strings: :func:`load` validates them as it does the variables.
+    A bool is a switch (it sets true); a ``Literal`` shows its choices. The values stay
+    strings: :func:`load` validates them as it does the variables.
     """
-    for name, (field, marker) in env_fields(settings_cls).items():
-        parser.add_argument(
-            flag(name),
-            dest=name,
-            metavar=name.upper(),
-            default=argparse.SUPPRESS,
-            help=f"{marker.help} (env {variable(name)}; default: {shown_default(field, marker)})",
-        )
+    for name, (field, marker) in settings_cls.flags().items():
+        default = shown_default(field, marker)
+        options: dict[str, Any] = {
+            "dest": name,
+            "default": argparse.SUPPRESS,
+            "help": f"{marker.help} (env {settings_cls.variable(name)}; default: {default})",
+        }
+        if field.annotation is bool and marker.metavar is None:
+            options.update(action="store_const", const=True)
+        elif get_origin(field.annotation) is Literal:
+            options.update(metavar="{" + ",".join(map(str, get_args(field.annotation))) + "}")
+        else:
+            options.update(metavar=marker.metavar or name.upper())
+        parser.add_argument(flag(name), **options)
 
 
 def load(
-    settings_cls: type[S], environ: Mapping[str, str], flags: argparse.Namespace | None = None
+    settings_cls: type[S],
+    environ: Mapping[str, str],
+    flags: Mapping[str, Any] | argparse.Namespace | None = None,
+    **values: Any,
 ) -> S:
-    """``settings_cls`` from the flags given (see :func:`add_flags`), else the variables of
-    ``environ``, else the defaults.
+    """``settings_cls`` from ``values`` (taken as they are), the flags of ``settings_cls`` in
+    ``flags`` (see :func:`add_flags`; other entries are ignored), the variables of ``environ``,
+    and the defaults, in that order.
 
     Raises:
         SettingsError: a value is not allowed (see the module's docstring).
     """
-    marked = env_fields(settings_cls)
-    given = {k: v for k, v in vars(flags or argparse.Namespace()).items() if k in marked}
-    values = {**EnvironmentSource(settings_cls, environ)(), **given}
+    given = vars(flags) if isinstance(flags, argparse.Namespace) else dict(flags or {})
+    flagged = {k: v for k, v in given.items() if k in settings_cls.flags()}
+    merged = {**EnvironmentSource(settings_cls, environ)(), **flagged, **values}
     try:
-        return settings_cls(**values)
+        return settings_cls(**merged)
     except ValidationError as exc:
-        lines = []
-        for error in exc.errors():
-            name = str(error["loc"][0]) if error["loc"] else ""
-            if error["type"] == "value_error":
-                rule = error["msg"].removeprefix("Value error, ")
+        refused: dict[str, str] = {}  # the first error of each field
+        for error in exc.errors(include_url=False):
+            name = str(error["loc"][0]) if error["loc"] else settings_cls.__name__
+            field = settings_cls.model_fields.get(name)
+            if name in flagged:
+                source = flag(name)
             else:
-                rule = _allowed(marked[name][0]) if name in marked else error["msg"]
-            source = flag(name) if name in given else variable(name)
-            lines.append(f"{source}={values.get(name)!r} is not allowed: it must be {rule}")
-        raise SettingsError("; ".join(lines)) from None
+                source = settings_cls.variable(name) if field is not None else name
+            shown = repr(merged.get(name, error["input"]))
+            if field is not None and not field.repr:
+                shown = "(hidden)"
+            if error["type"] == "value_error":
+                reason = error["msg"].removeprefix("Value error, ")
+            else:
+                allowed = _allowed(field) if field is not None else None
+                reason = f"it must be {allowed}" if allowed else error["msg"]
+            refused.setdefault(name, f"{source}={shown} is not allowed: {reason}")
+        raise SettingsError("; ".join(refused.values())) from None
 
 
-_KINDS: dict[object, str] = {int: "an integer", float: "a finite number", str: "a string"}
-# The attributes of pydantic's bound metadata (annotated_types' Gt, Ge, Lt, Le).
-_BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+_KINDS: dict[object, str] = {
+    int: "an integer",
+    float: "a finite number",
+    str: "a string",
+    bool: "true or false",
+}
+# The attributes of pydantic's bound metadata (annotated_types' Gt, Ge, Lt, Le; MinLen below).
+_BOUNDS = (("gt", "> {}"), ("ge", ">= {}"), ("lt", "< {}"), ("le", "<= {}"))
+_UNIONS = (Union, types.UnionType)
 
 
-def _allowed(field: FieldInfo) -> str:
-    """What a field accepts, in words: its type and bounds."""
-    kinds = [t for t in get_args(field.annotation) or (field.annotation,) if t is not type(None)]
-    words = _KINDS.get(kinds[0], "a value") if len(kinds) == 1 else "a value"
+def _allowed(field: FieldInfo) -> str | None:
+    """What a field accepts, in words (its type and bounds); ``None`` if its type is not one
+    said in words."""
+    metadata = list(field.metadata)
+    kinds = []
+    annotation = field.annotation
+    for kind in get_args(annotation) if get_origin(annotation) in _UNIONS else (annotation,):
+        if get_origin(kind) is Annotated:  # PositiveInt | None: the bound is inside
+            kind, *more = get_args(kind)
+            metadata += more
+        if kind is not type(None):
+            kinds.append(kind)
+    if len(kinds) != 1:
+        return None
+    if get_origin(kinds[0]) is Literal:
+        return "one of " + ", ".join(map(repr, get_args(kinds[0])))
+    words = _KINDS.get(kinds[0])
+    if words is None:
+        return None
     bounds = [
-        f"{sign} {_number(bound)}"
-        for item in field.metadata
-        for attribute, sign in _BOUNDS
+        template.format(_number(bound))
+        for item in metadata
+        for attribute, template in _BOUNDS
         if (bound := getattr(item, attribute, None)) is not None
     ]
     if bounds:
         words += " " + " and ".join(bounds)
+    for length in (n for item in metadata if (n := getattr(item, "min_length", None))):
+        words += f" of at least {length} character" + "s" * (length != 1)
     return words
 
 
 def _number(value: float) -> str:
-    return f"{value:,g}" if isinstance(value, float) else f"{value:,}"
+    """A bound as an operator writes it: ``86400``, ``0.1``."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)

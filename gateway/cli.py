@@ -1,8 +1,9 @@
 """``python-mcp-server``: flags from the settings' declaration, uvicorn, and a draining shutdown.
 
-The flags are the settings marked :class:`~gateway.settings.Flag`, parsed before the
-environment is read, so ``--help`` works whatever the environment holds. A bad value, from a
-flag or a variable, stops start-up with one line (never a traceback).
+The flags are the settings marked :class:`~evaluator.settings.Flag`, made as the evaluator's
+are (:func:`~evaluator.settings.add_flags`) and parsed before the environment is read, so
+``--help`` works whatever the environment holds. A bad value, from a flag or a variable, stops
+start-up with one line (never a traceback).
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import socket
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any, Literal, get_args, get_origin
+from typing import Any
 
 import anyio
 import uvicorn
 
+from evaluator.settings import add_flags
+
 from .app import create_app
 from .serving import guarded_protocol
-from .settings import Flag, Settings, environment_variable
+from .settings import Settings
 from .tool import Gateway
 
 __all__ = ["DrainingServer", "main", "parse_flags"]
@@ -77,21 +80,7 @@ def parse_flags(argv: Sequence[str] | None) -> dict[str, Any]:
         description="Serve the execute_python_code MCP tool over SSE (/sse) and HTTP (/mcp). "
         "Every setting is also an environment variable (see the README); a flag wins.",
     )
-    for name, field in Settings.model_fields.items():
-        if not any(isinstance(item, Flag) for item in field.metadata):
-            continue
-        default = "" if field.default in (None, False) else f"; default: {field.default}"
-        help_text = f"{field.description} ({environment_variable(name)}{default})"
-        option = f"--{name.replace('_', '-')}"
-        if field.annotation is bool:
-            parser.add_argument(
-                option, action="store_const", const=True, default=argparse.SUPPRESS, help=help_text
-            )
-            continue
-        metavar = name.split("_")[-1].upper()
-        if get_origin(field.annotation) is Literal:
-            metavar = "{" + ",".join(get_args(field.annotation)) + "}"
-        parser.add_argument(option, metavar=metavar, default=argparse.SUPPRESS, help=help_text)
+    add_flags(parser, Settings)
     return vars(parser.parse_args(argv))
 
 

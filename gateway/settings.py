@@ -1,16 +1,19 @@
 """The gateway's settings: each one declared once, typed and validated, read once at start-up.
 
-:class:`Settings` is the declaration. Every field is the environment variable ``MCP_<NAME>``
-(``SNEKBOX_URL`` for :attr:`Settings.snekbox_url`); those marked :class:`Flag` are also options
+:class:`Settings` is the declaration, an :class:`~evaluator.settings.ExplicitSettings` like the
+evaluator's own. Every field is the environment variable ``MCP_<NAME>`` (``SNEKBOX_URL`` for
+:attr:`Settings.snekbox_url`); those marked :class:`~evaluator.settings.Flag` are also options
 of ``python-mcp-server`` (:mod:`gateway.cli`). ``Settings(...)`` takes values as arguments and
 reads nothing; :meth:`Settings.from_env` reads an environment (``os.environ`` at the entry
-point) and turns a bad value into a :class:`SettingsError` of one line that names the variable,
-the value and what is allowed. The built-in evaluator's own settings (``EVALUATOR_*``) are its
-:class:`~evaluator.EvaluatorConfig`, held in :attr:`Settings.evaluator_config`.
+point) and turns bad values into a :class:`SettingsError` of one line that names, for each, the
+variable or flag, the value and what is allowed (see :mod:`evaluator.settings`). The built-in
+evaluator's own settings (``EVALUATOR_*``) are its :class:`~evaluator.EvaluatorConfig`, held in
+:attr:`Settings.evaluator_config`.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,28 +23,20 @@ from urllib.parse import urlsplit
 
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import (
-    AliasChoices,
     Field,
     InstanceOf,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    ValidationError,
     ValidationInfo,
     field_validator,
 )
-from pydantic.fields import FieldInfo
-from pydantic_settings import (
-    BaseSettings,
-    EnvSettingsSource,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import SettingsConfigDict
 
 import plotting
 from evaluator import EvaluatorConfig
+from evaluator.settings import ExplicitSettings, Flag, SettingsError, load
 
 from .edge import is_loopback
 
@@ -52,7 +47,6 @@ __all__ = [
     "Settings",
     "SettingsError",
     "TokenFile",
-    "environment_variable",
 ]
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -60,13 +54,6 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 #: Snekbox's own worker count (its gunicorn default): what a remote service runs at once.
 SNEKBOX_WORKERS = 2
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-#: Settings whose value is never repeated in a message.
-_SECRETS = frozenset({"auth_token"})
-
-
-@dataclass(frozen=True)
-class Flag:
-    """Marks a setting that ``python-mcp-server`` also takes as ``--name`` (a flag wins)."""
 
 
 @dataclass(frozen=True)
@@ -77,16 +64,7 @@ class TokenFile:
     token: str = field(repr=False)
 
 
-class SettingsError(ValueError):
-    """A setting has a value that is not allowed; the message is one line for the operator."""
-
-
-def environment_variable(name: str) -> str:
-    """The environment variable of the setting ``name``."""
-    return "SNEKBOX_URL" if name == "snekbox_url" else f"MCP_{name.upper()}"
-
-
-class Settings(BaseSettings):
+class Settings(ExplicitSettings):
     """Everything the gateway can be told.
 
     ``snekbox_url`` ``None`` selects the built-in evaluator, configured by ``evaluator_config``.
@@ -94,27 +72,23 @@ class Settings(BaseSettings):
     concurrency and its time limit plus a margin, or Snekbox's for a remote service.
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="MCP_", frozen=True, extra="forbid", allow_inf_nan=False
-    )
+    model_config = SettingsConfigDict(env_prefix="MCP_")
 
-    snekbox_url: Annotated[str | None, Flag()] = Field(
-        default=None,
-        validation_alias=AliasChoices("snekbox_url", "SNEKBOX_URL"),
-        description="Snekbox to evaluate code with; default: the built-in evaluator",
-    )
-    host: Annotated[str, Flag()] = Field(
-        default="127.0.0.1", min_length=1, description="address to bind"
-    )
-    port: Annotated[int, Flag()] = Field(default=18080, ge=1, le=65535, description="port")
+    snekbox_url: Annotated[
+        str | None,
+        Flag("Snekbox to evaluate code with", default="the built-in evaluator", metavar="URL"),
+    ] = None
+    host: Annotated[str, Field(min_length=1), Flag("address to bind")] = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535), Flag("port")] = 18080
     # Before auth_token, whose validation takes the token from the file.
     auth_token_file: TokenFile | None = None
-    auth_token: str | None = Field(default=None, repr=False, validate_default=True)
-    allow_unauthenticated: Annotated[bool, Flag()] = Field(
-        default=False, description="serve a non-loopback address without a token"
+    #: A secret: never shown, in its repr or in a message (evaluator.settings).
+    auth_token: str | None = Field(default=None, repr=False)
+    allow_unauthenticated: Annotated[bool, Flag("serve a non-loopback address without a token")] = (
+        False
     )
-    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
-    allowed_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
     max_in_flight: PositiveInt | None = None
     max_waiting: NonNegativeInt = 32
     max_wait: NonNegativeFloat = 30.0
@@ -126,7 +100,7 @@ class Settings(BaseSettings):
     max_output_chars: PositiveInt = 20_000
     max_image_bytes: NonNegativeInt = 512 * 1024
     max_images: NonNegativeInt = 16
-    log_level: Annotated[LogLevel, Flag()] = Field(default="info", description="log level")
+    log_level: Annotated[LogLevel, Flag("log level")] = "info"
     log_code: bool = False
     shutdown_grace: NonNegativeFloat = 30.0
     #: Sessions open at once, both transports; a new one closes the longest idle (gateway.sessions).
@@ -146,36 +120,31 @@ class Settings(BaseSettings):
     evaluator_config: InstanceOf[EvaluatorConfig] = Field(default_factory=EvaluatorConfig)
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Only the arguments: the environment is read by :meth:`from_env`, at the entry point."""
-        return (init_settings,)
+    def variable(cls, name: str) -> str:
+        """``MCP_<NAME>``, but Snekbox's own ``SNEKBOX_URL`` for :attr:`snekbox_url`."""
+        return "SNEKBOX_URL" if name == "snekbox_url" else super().variable(name)
+
+    @classmethod
+    def variables(cls) -> tuple[str, ...]:
+        """Every field but :attr:`evaluator_config`, which its ``EVALUATOR_*`` variables set."""
+        return tuple(name for name in cls.model_fields if name != "evaluator_config")
 
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] = os.environ, *, flags: Mapping[str, Any] | None = None
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        flags: Mapping[str, Any] | argparse.Namespace | None = None,
     ) -> Settings:
         """Settings from ``environ`` (empty variables are unset), ``flags`` winning over it.
 
         ``flags`` maps setting names to the values given on the command line.
 
         Raises:
-            SettingsError: a value that is not allowed, named in one line.
-            ValueError: an ``EVALUATOR_*`` value the evaluator refuses.
+            SettingsError: a value that is not allowed, the evaluator's (``EVALUATOR_*``)
+                first, in one line.
         """
-        flags = dict(flags or {})
-        evaluator_config = EvaluatorConfig.from_env(environ)
-        values = {**_Environment(cls, environ)(), **flags}
-        try:
-            return cls(**values, evaluator_config=evaluator_config)
-        except ValidationError as exc:
-            raise SettingsError(_one_line(exc, flags)) from None
+        return load(cls, environ, flags, evaluator_config=EvaluatorConfig.from_env(environ))
 
     @field_validator("snekbox_url", mode="before")
     @classmethod
@@ -270,40 +239,3 @@ class Settings(BaseSettings):
         return TransportSecuritySettings(
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
         )
-
-
-class _Environment(EnvSettingsSource):
-    """pydantic-settings' reading of environment variables, from a mapping given to it.
-
-    Values are stripped, and an empty one counts as unset (an unset ``SNEKBOX_URL=`` in a
-    compose file means the built-in evaluator).
-    """
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        self._environ = environ  # before super(), which loads the variables
-        super().__init__(settings_cls, case_sensitive=False)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        # The hook pydantic-settings' own .env source overrides to read another mapping.
-        stripped = {name.lower(): value.strip() for name, value in self._environ.items()}
-        return {name: value for name, value in stripped.items() if value}
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        if field_name == "evaluator_config":  # the EVALUATOR_* variables, read by its own class
-            return None, field_name, False
-        return super().get_field_value(field, field_name)
-
-
-def _one_line(error: ValidationError, flags: Mapping[str, Any]) -> str:
-    """``VARIABLE='value' is not valid: what is allowed``, for each bad value, in one line."""
-    problems = []
-    for detail in error.errors(include_url=False):
-        name = str(detail["loc"][0]) if detail["loc"] else ""
-        if name in flags:
-            where = f"--{name.replace('_', '-')}"
-        else:
-            where = environment_variable(name) if name in Settings.model_fields else name
-        shown = "(hidden)" if name in _SECRETS else repr(detail["input"])
-        allowed = detail["msg"].removeprefix("Value error, ")
-        problems.append(f"{where}={shown} is not valid: {allowed[:1].lower()}{allowed[1:]}")
-    return "; ".join(problems)

@@ -10,18 +10,20 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from evaluator import EvaluatorConfig
 from evaluator.__main__ import ServiceSettings, parse_args
 from evaluator.config import UNSANDBOXED_CONSENT
-from evaluator.settings import SettingsError, env_fields, shown_default, variable
+from evaluator.settings import ExplicitSettings, Flag, SettingsError, load, shown_default
 
 PROJECT = Path(__file__).resolve().parents[2]
 #: Every setting an operator sets, as the README's table lists it.
-SETTINGS = {**env_fields(ServiceSettings), **env_fields(EvaluatorConfig)}
+SETTINGS = {**ServiceSettings.flags(), **EvaluatorConfig.flags()}
 
 
 def test_keyword_construction_copies_and_properties() -> None:
@@ -70,28 +72,54 @@ def test_from_env_reads_each_variable_stripped_and_empty_is_unset() -> None:
 @pytest.mark.parametrize(
     ("name", "value", "allowed"),
     [
-        ("EVALUATOR_TIME_LIMIT", "nan", "a finite number > 0 and <= 86,400"),
-        ("EVALUATOR_TIME_LIMIT", "inf", "a finite number > 0 and <= 86,400"),
-        ("EVALUATOR_TIME_LIMIT", "-1", "a finite number > 0 and <= 86,400"),
-        ("EVALUATOR_TIME_LIMIT", "soon", "a finite number > 0 and <= 86,400"),
-        ("EVALUATOR_MEMORY_LIMIT", "-256", "an integer >= 16 and <= 1,048,576"),
-        ("EVALUATOR_MEMORY_LIMIT", "1.5", "an integer >= 16"),
-        ("EVALUATOR_CONCURRENCY", "0", "an integer >= 1"),
-        ("EVALUATOR_MAX_QUEUE", "-1", "an integer >= 0"),
-        ("EVALUATOR_CPU_LIMIT", "nan", "a finite number >= 0.01"),
-        ("EVALUATOR_MAX_REQUEST_BYTES", "0", "an integer >= 1"),
+        ("EVALUATOR_TIME_LIMIT", "nan", "a finite number > 0 and <= 86400"),
+        ("EVALUATOR_TIME_LIMIT", "inf", "a finite number > 0 and <= 86400"),
+        ("EVALUATOR_TIME_LIMIT", "-1", "a finite number > 0 and <= 86400"),
+        ("EVALUATOR_TIME_LIMIT", "soon", "a finite number > 0 and <= 86400"),
+        ("EVALUATOR_MEMORY_LIMIT", "-256", "an integer >= 16 and <= 1048576"),
+        ("EVALUATOR_MEMORY_LIMIT", "1.5", "an integer >= 16 and <= 1048576"),
+        ("EVALUATOR_CONCURRENCY", "0", "an integer >= 1 and <= 10000"),
+        ("EVALUATOR_MAX_QUEUE", "-1", "an integer >= 0 and <= 1000000"),
+        ("EVALUATOR_CPU_LIMIT", "nan", "a finite number >= 0.01 and <= 10000"),
+        ("EVALUATOR_MAX_REQUEST_BYTES", "0", "an integer >= 1 and <= 1099511627776"),
         ("EVALUATOR_UNSANDBOXED", "yes", f"exactly {UNSANDBOXED_CONSENT}, or unset"),
-        ("EVALUATOR_SANDBOX_UID", "0", "an integer from 1,000 that leaves"),
+        (
+            "EVALUATOR_SANDBOX_UID",
+            "0",
+            "an integer from 1000 that leaves 24 uids below 2**31 (4 x concurrency + 16)",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_naming_variable_value_and_rule(
     name: str, value: str, allowed: str
 ) -> None:
+    environ = {name: value, "EVALUATOR_CONCURRENCY": "2"} if "UID" in name else {name: value}
     with pytest.raises(SettingsError) as caught:
-        EvaluatorConfig.from_env({name: value})
-    message = str(caught.value)
-    assert message.startswith(f"{name}={value!r} is not allowed: it must be {allowed}")
-    assert "\n" not in message
+        EvaluatorConfig.from_env(environ)
+    assert str(caught.value) == f"{name}={value!r} is not allowed: it must be {allowed}"
+
+
+class Secretive(ExplicitSettings):
+    """Settings of a test, with a secret."""
+
+    model_config = SettingsConfigDict(env_prefix="TEST_")
+
+    key: Annotated[str, Field(min_length=8), Flag("a secret")] = Field(
+        default="0123456789", repr=False
+    )
+    level: Annotated[int, Field(ge=0, le=9), Flag("a level")] = 1
+
+
+def test_a_secret_is_never_shown_and_every_bad_value_is_in_the_one_line() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load(Secretive, {"TEST_KEY": " s3cret ", "TEST_LEVEL": "high"})
+    assert str(caught.value) == (
+        "TEST_KEY=(hidden) is not allowed: it must be a string of at least 8 characters; "
+        "TEST_LEVEL='high' is not allowed: it must be an integer >= 0 and <= 9"
+    )
+    with pytest.raises(SettingsError, match=r"^--level=10 is not allowed: it must be an integer"):
+        load(Secretive, {"TEST_LEVEL": "3"}, {"level": 10, "other": "ignored"})
+    assert load(Secretive, {"TEST_LEVEL": "3"}, {"level": 4}).level == 4
 
 
 @pytest.mark.parametrize(
@@ -142,5 +170,7 @@ def test_the_readme_lists_exactly_the_settings_with_their_defaults() -> None:
     declared = {}
     for name, (field, marker) in SETTINGS.items():
         default = shown_default(field, marker)
-        declared[variable(name)] = default if marker.default is not None else f"`{default}`"
+        variable = EvaluatorConfig.variable(name)
+        assert variable == ServiceSettings.variable(name) == f"EVALUATOR_{name.upper()}"
+        declared[variable] = default if marker.default is not None else f"`{default}`"
     assert listed == declared

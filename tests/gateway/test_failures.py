@@ -13,6 +13,7 @@ from importlib import metadata
 import anyio
 import pytest
 from mcp import Client
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -91,7 +92,9 @@ async def test_a_failure_of_the_gateway_itself_is_logged_counted_and_said(
     answering_service: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # No validation lets such a value in: it stands for a bug in rendering, after the run.
-    broken = Settings(snekbox_url=answering_service).model_copy(update={"max_result_bytes": None})
+    # pydantic's own copy, which skips validation (Settings.model_copy validates).
+    settings = Settings(snekbox_url=answering_service)
+    broken = BaseModel.model_copy(settings, update={"max_result_bytes": None})
     caplog.set_level(logging.INFO, logger="python_mcp_server")
     async with Gateway(broken) as gateway, Client(create_server(gateway)) as client:
         with anyio.fail_after(20):

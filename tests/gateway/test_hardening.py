@@ -95,10 +95,18 @@ def test_token_file_is_read_and_a_missing_one_is_an_error(tmp_path: Path) -> Non
     secret = tmp_path / "token"
     secret.write_text(f"{TOKEN}\n")
     assert Settings.from_env({"MCP_AUTH_TOKEN_FILE": str(secret)}).auth_token == TOKEN
-    with pytest.raises(ValueError, match="MCP_AUTH_TOKEN_FILE"):
-        Settings.from_env({"MCP_AUTH_TOKEN_FILE": str(tmp_path / "missing")})
-    with pytest.raises(ValueError, match="MCP_MAX_WAIT='soon' is not valid"):
+    missing = str(tmp_path / "missing")
+    with pytest.raises(ValueError) as refused:
+        Settings.from_env({"MCP_AUTH_TOKEN_FILE": missing})
+    assert str(refused.value) == (
+        f"MCP_AUTH_TOKEN_FILE={missing!r} is not allowed: the file cannot be read "
+        "(No such file or directory)"
+    )
+    with pytest.raises(ValueError) as refused:
         Settings.from_env({"MCP_MAX_WAIT": "soon"})
+    assert (
+        str(refused.value) == "MCP_MAX_WAIT='soon' is not allowed: it must be a finite number >= 0"
+    )
 
 
 # --- admission ---------------------------------------------------------------------------------

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+import evaluator.settings
+import gateway
 from gateway.cli import main
-from gateway.settings import SNEKBOX_WORKERS, Flag, Settings, SettingsError, environment_variable
+from gateway.settings import SNEKBOX_WORKERS, Settings, SettingsError
 from python_mcp_server import create_app
 
 README = Path(__file__).parents[2] / "README.md"
@@ -32,47 +34,49 @@ def token_file(tmp_path: Path) -> Path:
 BAD_VALUES = [
     (
         {"MCP_PROGRESS_INTERVAL": "0"},
-        "MCP_PROGRESS_INTERVAL='0' is not valid: input should be greater than or equal to 0.1",
+        "MCP_PROGRESS_INTERVAL='0' is not allowed: it must be a finite number >= 0.1",
     ),
     (
         {"MCP_LOG_LEVEL": "verbose"},
-        "MCP_LOG_LEVEL='verbose' is not valid: input should be 'debug', 'info', 'warning' or "
+        "MCP_LOG_LEVEL='verbose' is not allowed: it must be one of 'debug', 'info', 'warning', "
         "'error'",
     ),
     (
         {"MCP_PORT": "abc"},
-        "MCP_PORT='abc' is not valid: input should be a valid integer, unable to parse string "
-        "as an integer",
+        "MCP_PORT='abc' is not allowed: it must be an integer >= 1 and <= 65535",
     ),
     (
         {"MCP_PORT": "65536"},
-        "MCP_PORT='65536' is not valid: input should be less than or equal to 65535",
+        "MCP_PORT='65536' is not allowed: it must be an integer >= 1 and <= 65535",
     ),
     (
         {"SNEKBOX_URL": "snekbox:8060"},
-        "SNEKBOX_URL='snekbox:8060' is not valid: it must be an http:// or https:// URL with a "
+        "SNEKBOX_URL='snekbox:8060' is not allowed: it must be an http:// or https:// URL with a "
         "host, e.g. http://snekbox:8060",
     ),
     (
         {"MCP_MAX_OUTPUT_CHARS": "-5"},
-        "MCP_MAX_OUTPUT_CHARS='-5' is not valid: input should be greater than 0",
+        "MCP_MAX_OUTPUT_CHARS='-5' is not allowed: it must be an integer > 0",
     ),
     (
         {"MCP_EVAL_TIMEOUT": "-1"},
-        "MCP_EVAL_TIMEOUT='-1' is not valid: input should be greater than 0",
+        "MCP_EVAL_TIMEOUT='-1' is not allowed: it must be a finite number > 0",
     ),
     (
         {"MCP_MAX_WAIT": "nan"},
-        "MCP_MAX_WAIT='nan' is not valid: input should be a finite number",
+        "MCP_MAX_WAIT='nan' is not allowed: it must be a finite number >= 0",
     ),
     (
         {"MCP_SESSION_IDLE_TIMEOUT": "inf"},
-        "MCP_SESSION_IDLE_TIMEOUT='inf' is not valid: input should be a finite number",
+        "MCP_SESSION_IDLE_TIMEOUT='inf' is not allowed: it must be a finite number > 0",
     ),
     (
         {"MCP_ALLOW_UNAUTHENTICATED": "perhaps"},
-        "MCP_ALLOW_UNAUTHENTICATED='perhaps' is not valid: input should be a valid boolean, "
-        "unable to interpret input",
+        "MCP_ALLOW_UNAUTHENTICATED='perhaps' is not allowed: it must be true or false",
+    ),
+    (
+        {"EVALUATOR_TIME_LIMIT": "nan"},
+        "EVALUATOR_TIME_LIMIT='nan' is not allowed: it must be a finite number > 0 and <= 86400",
     ),
 ]
 
@@ -96,8 +100,8 @@ def test_an_empty_token_file_does_not_turn_authentication_off(
     with pytest.raises(SystemExit) as stopped:
         main([])
     assert stopped.value.code == (
-        f"python-mcp-server: MCP_AUTH_TOKEN_FILE={str(token_file)!r} is not valid: the file is "
-        "empty (it must hold the token)"
+        f"python-mcp-server: MCP_AUTH_TOKEN_FILE={str(token_file)!r} is not allowed: the file "
+        "is empty (it must hold the token)"
     )
 
 
@@ -115,12 +119,14 @@ def test_the_token_file_gives_the_token_which_is_never_shown(token_file: Path) -
 def test_every_bad_value_is_named_in_the_same_line() -> None:
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({"MCP_PORT": "0", "MCP_MAX_IMAGES": "-1"})
-    message = str(refused.value)
-    assert "\n" not in message
-    assert message.startswith("MCP_PORT='0' is not valid")
-    assert "; MCP_MAX_IMAGES='-1' is not valid: input should be greater than or equal to 0" in (
-        message
+    assert str(refused.value) == (
+        "MCP_PORT='0' is not allowed: it must be an integer >= 1 and <= 65535; "
+        "MCP_MAX_IMAGES='-1' is not allowed: it must be an integer >= 0"
     )
+
+
+def test_the_gateway_and_the_evaluator_share_one_settings_error() -> None:
+    assert SettingsError is gateway.SettingsError is evaluator.settings.SettingsError
 
 
 def test_help_works_whatever_the_environment_holds(
@@ -133,13 +139,18 @@ def test_help_works_whatever_the_environment_holds(
     shown = capsys.readouterr().out
     for flag in ("--host", "--port", "--snekbox-url", "--allow-unauthenticated", "--log-level"):
         assert flag in shown
-    assert "(MCP_PORT; default: 18080)" in shown
+    assert "(env MCP_PORT; default: 18080)" in shown
+    assert "--log-level {debug,info,warning,error}" in shown
+    assert "--allow-unauthenticated\n" in shown  # a switch: it takes no value
 
 
 def test_a_flag_wins_over_the_environment_and_is_named_when_bad() -> None:
     assert Settings.from_env({"MCP_PORT": "abc"}, flags={"port": "8081"}).port == 8081
-    with pytest.raises(SettingsError, match=r"^--port='x' is not valid: input should be a valid"):
+    with pytest.raises(SettingsError) as refused:
         Settings.from_env({}, flags={"port": "x"})
+    assert (
+        str(refused.value) == "--port='x' is not allowed: it must be an integer >= 1 and <= 65535"
+    )
     flagged = Settings.from_env({}, flags={"allow_unauthenticated": True, "log_level": "DEBUG"})
     assert (flagged.allow_unauthenticated, flagged.log_level) == (True, "debug")
 
@@ -173,8 +184,11 @@ def test_admission_defaults_to_the_services_workers() -> None:
 
 def test_the_evaluators_settings_are_read_too() -> None:
     assert Settings.from_env({"EVALUATOR_TIME_LIMIT": "7"}).evaluator_config.time_limit == 7
-    with pytest.raises(ValueError, match="EVALUATOR_TIME_LIMIT"):
-        Settings.from_env({"EVALUATOR_TIME_LIMIT": "nan"})
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"EVALUATOR_TIME_LIMIT": "nan", "MCP_PORT": "8081"})
+    assert str(refused.value) == (
+        "EVALUATOR_TIME_LIMIT='nan' is not allowed: it must be a finite number > 0 and <= 86400"
+    )
 
 
 def test_the_commands_say_a_bad_value_in_one_line_without_a_traceback() -> None:
@@ -188,8 +202,8 @@ def test_the_commands_say_a_bad_value_in_one_line_without_a_traceback() -> None:
         )
         assert done.returncode == 1, done.stderr
         assert done.stderr == (
-            "python-mcp-server: MCP_LOG_LEVEL='verbose' is not valid: input should be 'debug', "
-            "'info', 'warning' or 'error'\n"
+            "python-mcp-server: MCP_LOG_LEVEL='verbose' is not allowed: it must be one of "
+            "'debug', 'info', 'warning', 'error'\n"
         )
 
 
@@ -218,16 +232,14 @@ def shown(value: Any) -> str:
 
 
 def test_the_readme_lists_exactly_the_settings_with_their_defaults_and_flags() -> None:
-    fields = {
-        name: field
-        for name, field in Settings.model_fields.items()
-        if name != "evaluator_config"  # its own table, checked with the evaluator
-    }
+    # All but evaluator_config, whose own table is checked with the evaluator.
+    fields = {name: Settings.model_fields[name] for name in Settings.variables()}
+    assert "evaluator_config" in Settings.model_fields and "evaluator_config" not in fields
     rows = readme_settings()
-    assert set(rows) == {environment_variable(name) for name in fields}
+    assert set(rows) == {Settings.variable(name) for name in fields}
     for name, field in fields.items():
-        flag, default = rows[environment_variable(name)]
-        marked = any(isinstance(item, Flag) for item in field.metadata)
+        flag, default = rows[Settings.variable(name)]
+        marked = name in Settings.flags()
         assert flag == (f"--{name.replace('_', '-')}" if marked else ""), name
         if field.default in (None, ()):
             # Derived or absent: said in words, never as a value.
