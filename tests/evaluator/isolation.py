@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 #: Files of /proc that only host root may read.
@@ -151,3 +152,22 @@ except OSError as e:
 def check_disk(stdout: str) -> None:
     """The working directory is a tmpfs of bounded size and inodes: both end in ENOSPC."""
     assert stdout == "ENOSPC\nENOSPC True\n", stdout
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of the host whose command line holds ``marker``, in ascending order."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def status(pid: int) -> dict[str, str]:
+    """The fields of ``/proc/<pid>/status``."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)

@@ -103,7 +103,7 @@ async def test_a_run_has_its_own_cgroup_below_the_service_and_an_unprivileged_ui
     task = asyncio.ensure_future(run(evaluator, "import time; time.sleep(50)", marker))
     try:
         with anyio.fail_after(30):
-            while len(pids := _processes_with(marker)) < 3:  # noqa: ASYNC110 - bwrap, init, code
+            while len(pids := isolation.processes_with(marker)) < 3:  # noqa: ASYNC110 - bwrap, init, code
                 await asyncio.sleep(0.05)
         code = pids[-1]
         cgroup = _cgroup_of(code)
@@ -112,7 +112,7 @@ async def test_a_run_has_its_own_cgroup_below_the_service_and_an_unprivileged_ui
         assert (cgroup / "pids.max").read_text() == "64\n"
         assert cgroup.parent.name == evaluator.config.cgroup_name
         assert cgroup.parent.parent == _service_cgroup(), cgroup
-        status = _status(code)
+        status = isolation.status(code)
         uids = {int(u) for u in status["Uid"].split()}
         if os.geteuid() == 0:  # a host uid of its own
             assert len(uids) == 1 and min(uids) >= evaluator.config.sandbox_uid, status["Uid"]
@@ -320,20 +320,3 @@ def _oom_kills(cgroup: Path) -> int:
     """The ``oom_kill`` count of ``memory.events``: hierarchical, so the runs' are included."""
     events = dict(line.split() for line in (cgroup / "memory.events").read_text().splitlines())
     return int(events["oom_kill"])
-
-
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return sorted(found)
-
-
-def _status(pid: int) -> dict[str, str]:
-    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)

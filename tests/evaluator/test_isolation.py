@@ -60,10 +60,10 @@ async def test_the_host_sees_an_unprivileged_uid_without_capabilities(roomy: Eva
     try:
         with anyio.fail_after(20):
             # Polling another process's state: no event to wait for.
-            while len(pids := _processes_with(marker)) < 3:  # noqa: ASYNC110 - bwrap, init, python
+            while len(pids := isolation.processes_with(marker)) < 3:  # noqa: ASYNC110 - bwrap, init, python
                 await asyncio.sleep(0.05)
         for pid in pids:
-            status = _status(pid)
+            status = isolation.status(pid)
             uids = {int(u) for u in status["Uid"].split()}
             gids = {int(g) for g in status["Gid"].split()}
             assert len(uids) == 1 and min(uids) >= roomy.config.sandbox_uid, status["Uid"]
@@ -141,29 +141,11 @@ async def test_a_run_cannot_use_more_than_its_cpu_quota(roomy: Evaluator) -> Non
     assert cpus < roomy.config.cpu_limit * 1.25, f"{cpus:.2f} CPUs used"
 
 
-def _processes_with(marker: str) -> list[int]:
-    """Pids whose command line holds ``marker``, in ascending order."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return sorted(found)
-
-
-def _status(pid: int) -> dict[str, str]:
-    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
-
-
 async def _until_it_holds_its_inotify_instances(marker: str) -> None:
     """Wait until a process of the run holds inotify instances, and no more come."""
     held = -1
     while True:
-        counts = [_inotify_fds(pid) for pid in _processes_with(marker)]
+        counts = [_inotify_fds(pid) for pid in isolation.processes_with(marker)]
         now = max(counts, default=0)
         if now > 0 and now == held:
             return

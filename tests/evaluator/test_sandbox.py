@@ -9,7 +9,6 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -140,7 +139,7 @@ async def test_double_forked_daemon_is_gone_after_the_run(client: httpx.AsyncCli
     )
     result = await run(client, code)
     assert result["stdout"] == "parent done\n"
-    assert not list(_processes_with(marker))
+    assert not list(isolation.processes_with(marker))
 
 
 async def test_output_flood_is_143(client: httpx.AsyncClient) -> None:
@@ -370,13 +369,3 @@ async def test_huge_and_sparse_files(client: httpx.AsyncClient) -> None:
     result = await run(client, code)
     # In path order, until the total exceeds the working directory's size.
     assert [(f["path"], f["size"]) for f in result["files"]] == [("a.bin", 5_000_000)]
-
-
-def _processes_with(marker: str) -> Iterator[int]:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    yield int(entry.name)
-            except OSError:
-                continue
