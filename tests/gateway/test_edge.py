@@ -68,8 +68,21 @@ SIX_TIMES_SEVEN = {"code": "print(6 * 7)"}
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[ServiceProcess]:
+    """The gateway of the floods: the default request deadline (20 s), since a loaded machine
+    may take seconds between opening a flood's connection and sending its request."""
     env = {
         "MCP_MAX_SESSIONS": str(MAX_SESSIONS),
+        "MCP_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+        "EVALUATOR_TIME_LIMIT": "30",
+    }
+    with running(gateway_process(env)) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[ServiceProcess]:
+    """The gateway of the slow clients: a short request deadline, so that they are dropped fast."""
+    env = {
         "MCP_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT),
         "MCP_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
         "EVALUATOR_TIME_LIMIT": "30",
@@ -274,33 +287,33 @@ def test_an_idle_session_expires() -> None:
 BODY = json.dumps(INITIALIZE).encode()
 
 
-def mcp_head(gateway: ServiceProcess) -> bytes:
-    return head(gateway.port, "POST", "/mcp", len(BODY))
+def mcp_head(guarded: ServiceProcess) -> bytes:
+    return head(guarded.port, "POST", "/mcp", len(BODY))
 
 
-async def test_a_half_sent_head_is_dropped(gateway: ServiceProcess) -> None:
-    async with await stall(gateway.port, mcp_head(gateway)[:40]) as stream:
+async def test_a_half_sent_head_is_dropped(guarded: ServiceProcess) -> None:
+    async with await stall(guarded.port, mcp_head(guarded)[:40]) as stream:
         answer = await read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
     assert answer.endswith(b"The request headers did not arrive within 3 s.\n")
 
 
-async def test_a_head_sent_a_byte_at_a_time_is_dropped_too(gateway: ServiceProcess) -> None:
-    async with await stall(gateway.port, b"") as stream, anyio.create_task_group() as group:
-        group.start_soon(trickle, stream, mcp_head(gateway))
+async def test_a_head_sent_a_byte_at_a_time_is_dropped_too(guarded: ServiceProcess) -> None:
+    async with await stall(guarded.port, b"") as stream, anyio.create_task_group() as group:
+        group.start_soon(trickle, stream, mcp_head(guarded))
         answer = await read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
 
 
-async def test_a_connection_that_sends_nothing_is_closed(gateway: ServiceProcess) -> None:
-    async with await stall(gateway.port, b"") as stream:
+async def test_a_connection_that_sends_nothing_is_closed(guarded: ServiceProcess) -> None:
+    async with await stall(guarded.port, b"") as stream:
         assert await read_until_closed(stream) == b""
 
 
 @pytest.mark.parametrize("send", ["stall", "trickle"])
-async def test_a_half_sent_body_is_dropped(gateway: ServiceProcess, send: str) -> None:
+async def test_a_half_sent_body_is_dropped(guarded: ServiceProcess, send: str) -> None:
     async with (
-        await stall(gateway.port, mcp_head(gateway) + BODY[:10]) as stream,
+        await stall(guarded.port, mcp_head(guarded) + BODY[:10]) as stream,
         anyio.create_task_group() as group,
     ):
         if send == "trickle":
@@ -310,8 +323,8 @@ async def test_a_half_sent_body_is_dropped(gateway: ServiceProcess, send: str) -
     assert answer.endswith(b"The request body did not arrive within 3 s.\n")
 
 
-async def test_a_request_sent_in_time_is_answered(gateway: ServiceProcess) -> None:
-    async with await stall(gateway.port, mcp_head(gateway) + BODY) as stream:
+async def test_a_request_sent_in_time_is_answered(guarded: ServiceProcess) -> None:
+    async with await stall(guarded.port, mcp_head(guarded) + BODY) as stream:
         with anyio.fail_after(30):
             answer = b""
             while b'"serverInfo"' not in answer:
@@ -320,19 +333,19 @@ async def test_a_request_sent_in_time_is_answered(gateway: ServiceProcess) -> No
 
 
 @pytest.mark.parametrize("part", ["head", "body"])
-async def test_many_stalled_clients_are_all_dropped(gateway: ServiceProcess, part: str) -> None:
-    data = mcp_head(gateway)[:40] if part == "head" else mcp_head(gateway) + BODY[:10]
-    answers = await drop_many(gateway, data, ("GET", "/readyz"))
+async def test_many_stalled_clients_are_all_dropped(guarded: ServiceProcess, part: str) -> None:
+    data = mcp_head(guarded)[:40] if part == "head" else mcp_head(guarded) + BODY[:10]
+    answers = await drop_many(guarded, data, ("GET", "/readyz"))
     assert len(answers) == MANY
     assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers)
 
 
-async def test_a_connection_beyond_the_cap_is_refused(gateway: ServiceProcess) -> None:
-    answer = await refuse_beyond_cap(gateway, MAX_CONNECTIONS, mcp_head(gateway)[:40])
+async def test_a_connection_beyond_the_cap_is_refused(guarded: ServiceProcess) -> None:
+    answer = await refuse_beyond_cap(guarded, MAX_CONNECTIONS, mcp_head(guarded)[:40])
     assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
     assert b"Too many connections (300 are open)" in answer
     with anyio.fail_after(30):
-        async with session_client(gateway.url, "http") as client:
+        async with session_client(guarded.url, "http") as client:
             result = await client.call_tool("execute_python_code", SIX_TIMES_SEVEN)
     assert_ran(result)
 
