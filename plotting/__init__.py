@@ -8,16 +8,21 @@ the first, which runs the code::
     result = await client.eval(build_request("import matplotlib.pyplot as plt; plt.plot([1, 2])"))
     files = sort_files(result.files)  # files.figures: figure_001.png, ... in drawing order
 
-Inside the sandbox the prelude (:data:`PRELUDE_NAME`, from ``_prelude.py``) reads the code from
-:data:`CODE_NAME` and its support module from :data:`SUPPORT_NAME` (``_support.py``, compiled
-only when a run needs it), removes all three files, and runs the code as ``__main__``:
-tracebacks show only the user's frames (file :data:`CODE_FILENAME`) with the user's line
-numbers, ``sys.exit(n)`` exits with n and an uncaught exception with 1. Every matplotlib figure
-shown with ``plt.show()`` or still open at the end becomes ``figure_NNN.png`` in the working
-directory (NNN = 001, 002, ... in drawing order; a name that already exists is skipped, so a
-user's file is never overwritten) at :data:`FIGURE_DPI`, lowered so that no side exceeds
-:data:`FIGURE_MAX_PIXELS`; while it is being saved it is ``figure_NNN.png.part``. The helper
-files' names start with ``_``, so Snekbox never returns them; figure names do not, so it does.
+The first file, :data:`PRELUDE_NAME` (``_boot.py``), is a few lines: it loads the prelude
+(``_prelude.py``) and its support module (``_support.py``) from the bundle, :data:`BUNDLE_NAME`,
+where they travel compiled by the gateway's interpreter, after their sources (an interpreter
+with another bytecode format compiles those instead), and removes both files. A sandbox runs a
+fresh interpreter for every run: compiling the prelude there would cost more than all the rest
+it does, and the support module is made only when a run needs it. The prelude reads the code from
+:data:`CODE_NAME`, removes it, and runs the code as ``__main__``: tracebacks show only the
+user's frames (file :data:`CODE_FILENAME`) with the user's line numbers, ``sys.exit(n)`` exits
+with n and an uncaught exception with 1. Every matplotlib figure shown with ``plt.show()`` or
+still open at the end becomes ``figure_NNN.png`` in the working directory (NNN = 001, 002, ...
+in drawing order; a name that already exists is skipped, so a user's file is never overwritten)
+at :data:`FIGURE_DPI`, lowered so that no side exceeds :data:`FIGURE_MAX_PIXELS`; while it is
+being saved it is ``figure_NNN.png.part``. The helper files' names start with ``_``, so Snekbox
+never returns them; figure names do not, so it does. An interpreter that imported matplotlib
+before running the first file (one kept warm) gets the same figures.
 
 What the run writes to ``sys.stdout`` and ``sys.stderr`` (their ``buffer`` included) reaches the
 evaluator as UTF-8, what had to be replaced being said in a note at the end of the output. A run
@@ -28,13 +33,16 @@ by code the user controls: :func:`read_manifest` treats it as hostile.
 
 import functools
 import importlib.resources
+import importlib.util
+import marshal
 import re
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from snekbox_client import EvalRequest, File
 
-from ._prelude import CODE_FILENAME, CODE_NAME, SUPPORT_NAME
+from ._prelude import CODE_FILENAME, CODE_NAME
 from ._support import (
     FIGURE_DPI,
     FIGURE_MAX_PIXELS,
@@ -44,6 +52,7 @@ from ._support import (
 )
 
 __all__ = [
+    "BUNDLE_NAME",
     "CODE_FILENAME",
     "CODE_NAME",
     "FIGURE_DPI",
@@ -54,7 +63,6 @@ __all__ = [
     "MANIFEST_NAME",
     "PNG_SIGNATURE",
     "PRELUDE_NAME",
-    "SUPPORT_NAME",
     "Manifest",
     "ReturnedFiles",
     "build_request",
@@ -65,8 +73,10 @@ __all__ = [
     "sort_files",
 ]
 
-#: The name the prelude travels under, and the interpreter's only argument.
+#: The name the first file travels under (``_boot.py``), and the interpreter's only argument.
 PRELUDE_NAME = "_mcp_prelude.py"
+#: The name the bundle travels under: the prelude and its support module (see prelude_files()).
+BUNDLE_NAME = "_mcp_prelude.bin"
 #: Names of the figures the prelude captures; group 1 is the figure's number (ASCII digits).
 FIGURE_PATTERN = re.compile(r"figure_([0-9]{3,})\.png")
 #: Names of figures still being saved: left over when a run ended during a save.
@@ -80,12 +90,32 @@ _MANIFEST_RECORD = re.compile(rb"([0-9]{1,20}) (.+)", re.DOTALL)
 
 @functools.cache
 def prelude_files() -> tuple[File, File]:
-    """The prelude and its support module, as sent with every request (read once)."""
+    """The first file and the bundle, as sent with every request (made once).
+
+    The bundle is one ``marshal`` record, readable by any Python 3: ``(magic, prelude code,
+    support code, prelude source, support source)``. ``magic`` is this interpreter's bytecode
+    magic number (``importlib.util.MAGIC_NUMBER``), the code is compiled here, each ``marshal``-ed
+    on its own; what only some runs load (the support module's code, or its source) is
+    compressed with ``zlib``. ``_boot.py`` loads the compiled prelude when its interpreter has the
+    same magic number, else it compiles the prelude's source (the prelude, the support module's).
+    """
     package = importlib.resources.files(__name__)
-    return (
-        File(PRELUDE_NAME, package.joinpath("_prelude.py").read_bytes()),
-        File(SUPPORT_NAME, package.joinpath("_support.py").read_bytes()),
+    boot, prelude, support = (
+        package.joinpath(name).read_bytes() for name in ("_boot.py", "_prelude.py", "_support.py")
     )
+    prelude_code, support_code = (
+        # optimize=2: no docstrings (asserts and __debug__ are not used).
+        marshal.dumps(compile(source, filename, "exec", dont_inherit=True, optimize=2))
+        for source, filename in ((prelude, "<mcp-prelude>"), (support, "<mcp-support>"))
+    )
+    record = (
+        importlib.util.MAGIC_NUMBER,
+        prelude_code,
+        zlib.compress(support_code, 9),
+        prelude,
+        zlib.compress(support, 9),
+    )
+    return File(PRELUDE_NAME, boot), File(BUNDLE_NAME, marshal.dumps(record, 4))
 
 
 def build_request(code: str, *, executable_path: str | None = None) -> EvalRequest:

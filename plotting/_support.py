@@ -1,10 +1,11 @@
 """What the prelude needs only sometimes: tracebacks, import hooks, figures, files, bytes.
 
-It travels as ``_mcp_support.py``; the prelude reads it at startup and compiles it, as the module
-``_mcp_support``, the first time a run needs it: an uncaught exception, a syntax error, the
-user's code importing matplotlib or ``linecache`` or using ``sys.stdout.buffer``, or files in the
-working directory. Standard-library only; matplotlib is imported only here, and only once the
-user's code has imported it.
+It travels in the prelude's bundle, compiled by the gateway (or as source, for an interpreter
+with another bytecode format), and the prelude makes it the module ``_mcp_support`` the first
+time a run needs it: an uncaught exception, a syntax error, the user's code importing matplotlib
+or ``linecache`` or using ``sys.stdout.buffer``, files in the working directory, or an
+interpreter that imported matplotlib or ``linecache`` before the prelude ran (see :func:`start`).
+Standard-library only; matplotlib is imported only here, and only once something else did.
 
 Figures: the backend defined here draws with Agg; ``plt.show()`` saves every open figure and
 closes it, ``Figure.show()`` saves and closes that figure, and the prelude has whatever is still
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from importlib.abc import Loader
     from importlib.machinery import ModuleSpec
-    from types import ModuleType, TracebackType
+    from types import CodeType, ModuleType, TracebackType
     from typing import NoReturn
 
     from matplotlib.backend_bases import FigureManagerBase
@@ -66,38 +67,94 @@ MANIFEST_MAX_BYTES = 64 * 1024
 _WALK_ENTRIES = 10_000
 _WALK_DEPTH = 100
 
-# Set by configure(): where figures go, the user's source, the prelude's file name. Then how
-# many figures were created and how many names were taken.
+# Set by configure(): where figures go, the user's source, the prelude's frame to hide, its
+# guarded streams. Then how many figures were created and how many names were taken, and how many
+# characters or bytes of the output had to be replaced.
 _workdir = "."
 _source = b""
-_hide = ""
+_hide: "CodeType | None" = None
+_streams: "Sequence[io.TextIOWrapper]" = ()
 _figures_created = 0
 _figures_saved = 0
+_replaced = 0
+# Whether the code ended with an uncaught KeyboardInterrupt.
+_interrupted = False
 # Files that were in the working directory before the code ran: path -> mtime (ns).
 _inputs: "dict[str, int]" = {}
 
 
-def configure(*, workdir: str, source: bytes, hide: str) -> None:
+def configure(
+    *,
+    workdir: str,
+    source: bytes,
+    hide: "CodeType | None",
+    streams: "Sequence[io.TextIOWrapper]" = (),
+) -> None:
     """Called by the prelude once this module is loaded.
 
     Args:
         workdir: The run's working directory, where figures are saved.
         source: The user's code, for ``linecache``.
-        hide: The prelude's file name: its frames are dropped from tracebacks.
+        hide: The code of the prelude's function that runs the user's: its frame is dropped
+            from tracebacks (whatever its file name: compiled by the gateway, or from source).
+        streams: The prelude's guarded ``sys.stdout`` and ``sys.stderr`` (see
+            :func:`finish_streams`).
     """
-    global _workdir, _source, _hide
-    _workdir, _source, _hide = workdir, source, hide
+    global _workdir, _source, _hide, _streams
+    _workdir, _source, _hide, _streams = workdir, source, hide, streams
+
+
+def start() -> None:
+    """Called by the prelude, before the code runs, when one of these needs doing.
+
+    Files in the working directory were sent in: they are remembered, so that the manifest
+    leaves out those the code leaves alone. Modules loaded before the prelude ran, so that its
+    import hooks never see them: ``linecache`` learns the user's source, and matplotlib gets
+    the capturing backend (see :func:`adopt_matplotlib`).
+    """
+    note_inputs()
+    if "linecache" in sys.modules:
+        register_source(sys.modules["linecache"])
+    if "matplotlib" in sys.modules:
+        adopt_matplotlib()
+
+
+def finish() -> None:
+    """Called by the prelude once the code has run, when something is left to do.
+
+    Figures pyplot still holds open are saved, the manifest is written, the streams are
+    flushed and what ``sys.stdout.buffer`` still holds written out, followed by the note on
+    what had to be replaced; after a KeyboardInterrupt, the run ends by SIGINT.
+    """
+    capture_open_figures()
+    if _has_files():
+        write_manifest()
+    for stream in (sys.stdout, sys.stderr, *_streams):  # the code may have rebound them
+        _flush(stream)
+    finish_streams()
+    if _interrupted:
+        die_of_sigint()
+
+
+def _has_files() -> bool:
+    try:
+        return any(not name.startswith(".") for name in os.listdir(_workdir))
+    except OSError:
+        return False
 
 
 # --- tracebacks ------------------------------------------------------------------------------
 
 
-def report_uncaught(exc: BaseException) -> None:
-    """Print an exception that escaped the user's code as ``python`` would.
+def report_uncaught(exc: BaseException) -> int:
+    """Print an exception that escaped the user's code as ``python`` would; the exit status, 1.
 
     The prelude's leading frames are dropped from ``exc`` and from every exception chained to
-    it. A ``sys.excepthook`` the user installed is called instead.
+    it. A ``sys.excepthook`` the user installed is called instead. After a KeyboardInterrupt,
+    :func:`finish` ends the run as python would, by SIGINT.
     """
+    global _interrupted
+    _interrupted = isinstance(exc, KeyboardInterrupt)
     _trim_tracebacks(exc, _hide)
     if "linecache" in sys.modules:  # the user's code may have cleared its cache
         register_source(sys.modules["linecache"])
@@ -108,10 +165,11 @@ def report_uncaught(exc: BaseException) -> None:
         _flush_stdout()
         try:
             sys.excepthook(type(exc), exc, exc.__traceback__)
-            return
+            return 1
         except BaseException:
             pass
     _print_exception(exc)
+    return 1
 
 
 def die_of_sigint() -> "NoReturn":
@@ -141,7 +199,7 @@ def _print_exception(exc: BaseException) -> None:
     _flush(sys.stderr)
 
 
-def _trim_tracebacks(exc: BaseException, hide: str) -> None:
+def _trim_tracebacks(exc: BaseException, hide: "CodeType | None") -> None:
     seen: set[int] = set()
     pending = [exc]
     while pending:
@@ -150,7 +208,7 @@ def _trim_tracebacks(exc: BaseException, hide: str) -> None:
             continue
         seen.add(id(e))
         tb: TracebackType | None = e.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename == hide:
+        while tb is not None and tb.tb_frame.f_code is hide:
             tb = tb.tb_next
         e.__traceback__ = tb
         pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
@@ -191,8 +249,12 @@ def find_spec(
     * ``matplotlib``: once loaded, that backend becomes its default, before anything could
       resolve the default to another backend (unless the user chose one: ``MPLBACKEND``);
     * ``matplotlib.pyplot``: just before it loads, the same again (it overrides the user's
-      ``matplotlib.use("Agg")``, the usual way of saying "there is no display");
+      ``matplotlib.use("Agg")``, the usual way of saying "there is no display"), and once
+      loaded, a later switch to Agg is a switch to that backend (see :func:`_guard_agg`);
     * ``linecache``: once loaded, it learns the user's source.
+
+    What was imported before the prelude ran gets the same from :func:`adopt_matplotlib` and
+    the prelude's own call of :func:`register_source`.
     """
     if fullname == BACKEND_MODULE:
         from importlib.machinery import ModuleSpec
@@ -202,9 +264,32 @@ def find_spec(
         return _spec_then(finder, fullname, path, target, _select_backend)
     if fullname == "matplotlib.pyplot":
         _select_backend(sys.modules.get("matplotlib"))
-    elif fullname == "linecache":
+        return _spec_then(finder, fullname, path, target, _guard_agg)
+    if fullname == "linecache":
         return _spec_then(finder, fullname, path, target, register_source)
     return None
+
+
+def adopt_matplotlib() -> None:
+    """What the import hooks would have done, for a matplotlib imported before the prelude ran.
+
+    An interpreter kept warm imports matplotlib (and pyplot, after ``matplotlib.use("Agg")``)
+    before it is given the run: the capturing backend becomes the default as if the hooks had
+    seen those imports, and a pyplot that already resolved its backend switches to it (it has
+    no figure yet: the code has not run).
+    """
+    matplotlib = sys.modules.get("matplotlib")
+    _select_backend(matplotlib)
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return  # the hook on its import will do the rest
+    _guard_agg(pyplot)
+    try:
+        backend = "module://" + BACKEND_MODULE
+        if pyplot._backend_mod is not None and matplotlib.rcParams._get("backend") == backend:  # type: ignore[union-attr]
+            pyplot.switch_backend(backend)
+    except Exception:  # then figures are still saved when the run ends
+        pass
 
 
 def _spec_then(
@@ -271,6 +356,30 @@ def _select_backend(matplotlib: "ModuleType | None") -> None:
             rc["backend"] = "module://" + BACKEND_MODULE
     except Exception:  # then pyplot picks a backend itself; open figures are saved at exit
         pass
+
+
+def _guard_agg(pyplot: "ModuleType") -> None:
+    """Make pyplot's switches to Agg switches to the capturing backend.
+
+    ``matplotlib.use("Agg")`` once pyplot is loaded, or a backend set to Agg and resolved on the
+    first figure, both go through ``pyplot.switch_backend()``: Agg there is also what scripts
+    pick to say "there is no display", and the capturing backend draws with Agg. Any other
+    backend is the user's choice, and switched to.
+    """
+    switch = pyplot.switch_backend
+    if getattr(switch, "_mcp_guard", False):
+        return
+
+    def switch_backend(newbackend: str) -> None:
+        if isinstance(newbackend, str) and newbackend.lower() == "agg":
+            newbackend = "module://" + BACKEND_MODULE
+        switch(newbackend)
+
+    switch_backend._mcp_guard = True  # type: ignore[attr-defined]
+    switch_backend.__wrapped__ = switch  # type: ignore[attr-defined]
+    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+        setattr(switch_backend, name, getattr(switch, name, None))
+    setattr(pyplot, "switch_backend", switch_backend)  # noqa: B010 (a module's, untyped)
 
 
 # --- the backend -----------------------------------------------------------------------------
@@ -387,6 +496,56 @@ def _note(message: str) -> None:
 
 
 # --- output -----------------------------------------------------------------------------------
+
+
+def replace(error: UnicodeError) -> tuple[str | bytes, int]:
+    """The guarded streams' error handler: U+FFFD for what is not UTF-8, counted for the note."""
+    global _replaced
+    if isinstance(error, UnicodeDecodeError):  # bytes that are not UTF-8: one mark per sequence
+        _replaced += 1
+        return "\ufffd", error.end
+    if isinstance(error, UnicodeEncodeError):  # lone surrogates: one mark per character
+        _replaced += error.end - error.start
+        # Bytes: the UTF-8 encoder takes only ASCII text from an error handler.
+        return b"\xef\xbf\xbd" * (error.end - error.start), error.end
+    raise error
+
+
+def finish_streams() -> None:
+    """At the end of the run, once the streams are flushed: what ``buffer`` still holds, then
+    the note, on stderr, saying once whether anything had to be replaced."""
+    for stream in _streams:
+        try:
+            checked = stream.__dict__.get("_mcp_checked")
+            if checked is not None:
+                checked.finish()
+        except Exception:
+            pass
+    if _replaced and _streams:
+        try:  # after the output (flushed by the prelude)
+            _streams[-1].write(
+                f"[{_replaced:,} character(s) or byte(s) of the output were not valid UTF-8 "
+                "and were replaced with U+FFFD]\n"
+            )
+            _streams[-1].flush()
+        except Exception:
+            pass
+
+
+def buffer(stream: "io.TextIOWrapper") -> "CheckedBytes":
+    """The prelude's guarded stream's ``buffer``: a :class:`CheckedBytes` made on first use."""
+    checked: CheckedBytes | None = stream.__dict__.get("_mcp_checked")
+    if checked is None:
+        binary = io.TextIOWrapper.buffer.__get__(stream)  # the stream's own, under the property
+        checked = stream.__dict__["_mcp_checked"] = CheckedBytes(stream, binary)
+    return checked
+
+
+def detach(stream: "io.TextIOWrapper") -> "CheckedBytes":
+    """The prelude's guarded stream's ``detach()``: its ``buffer``, which stays guarded."""
+    checked = buffer(stream)
+    io.TextIOWrapper.detach(stream)
+    return checked
 
 
 class CheckedBytes(io.BufferedIOBase):

@@ -1,5 +1,6 @@
 """Run the prelude for real, the way the sandbox does: files in a working directory, one process."""
 
+import marshal
 import os
 import subprocess
 import sys
@@ -9,12 +10,26 @@ from pathlib import Path
 
 import pytest
 
-from plotting import CODE_NAME, PRELUDE_NAME, build_request, prelude_files
+from plotting import BUNDLE_NAME, CODE_NAME, PRELUDE_NAME, build_request
 from snekbox_client import EvalRequest, File
 
 #: The project's interpreter (the venv's, so matplotlib is importable), with the flags a
 #: sandbox is likely to use: ignore PYTHON* variables and the user's site-packages.
 PYTHON = [sys.executable, "-E", "-s"]
+
+#: An interpreter kept warm, as an evaluator may keep one: numpy, pandas and pyplot imported
+#: (Agg chosen before pyplot, no figure made) before the run's first file is run as a script,
+#: in the working directory, with the argv python would have given it.
+WARM_RUNNER = """
+import runpy, sys
+import numpy, pandas
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot
+{setup}
+sys.argv = [{prelude!r}]
+runpy.run_path({prelude!r}, run_name="__main__")
+"""
 
 
 @dataclass(frozen=True)
@@ -41,11 +56,14 @@ def run_request(
     *,
     extra_env: dict[str, str] | None = None,
     timeout: float = 60,
+    warm: bool | str = False,
 ) -> Run:
     """Write the request's files into ``workdir`` and run the interpreter with its args there.
 
     stdout and stderr share one pipe, as in Snekbox; stdout is not forced unbuffered, so the
-    prelude's own care for output order is what keeps it.
+    prelude's own care for output order is what keeps it. ``warm``: the interpreter runs
+    :data:`WARM_RUNNER`, which runs the request's first file; a string is more code for it
+    to run before.
     """
     assert request.args is not None and request.input is None
     for file in request.files:
@@ -55,7 +73,7 @@ def run_request(
         env["HOME"] = os.environ["HOME"]
     env.update(extra_env or {})
     proc = subprocess.run(
-        [*PYTHON, *request.args],
+        [*PYTHON, "-c", warm_runner(warm)] if warm is not False else [*PYTHON, *request.args],
         cwd=workdir,
         env=env,
         stdout=subprocess.PIPE,
@@ -69,11 +87,31 @@ def run_request(
 RunCode = Callable[..., Run]
 
 
-@pytest.fixture
-def run_code(tmp_path: Path) -> RunCode:
-    """``run_code(code, files=..., extra_env=...)``: run ``code`` through the prelude in a temp dir.
+def warm_runner(warm: bool | str) -> str:
+    setup = warm if isinstance(warm, str) else ""
+    return WARM_RUNNER.format(setup=setup, prelude=PRELUDE_NAME)
+
+
+def from_source(request: EvalRequest) -> EvalRequest:
+    """``request`` as an interpreter with another bytecode format than this one sees it: the
+    bundle's magic number is not its own, so the prelude and support module are compiled from
+    their sources."""
+    files = []
+    for file in request.files:
+        if file.path == BUNDLE_NAME:
+            _, *rest = marshal.loads(file.content)
+            file = File(BUNDLE_NAME, marshal.dumps((b"\0\0\0\0", *rest)))
+        files.append(file)
+    return EvalRequest(args=request.args, files=files)
+
+
+def runner(workdir: Path) -> RunCode:
+    """``run(code, files=..., extra_env=..., compiled=..., warm=...)``: run ``code`` through the
+    prelude in ``workdir``.
 
     ``code`` as ``bytes`` is sent as it is, to try sources ``build_request`` would not produce.
+    ``compiled=False``: as an interpreter that cannot load the gateway's bytecode runs it (see
+    :func:`from_source`). ``warm``: in an interpreter kept warm (see :func:`run_request`).
     """
 
     def run(
@@ -81,14 +119,24 @@ def run_code(tmp_path: Path) -> RunCode:
         *,
         files: dict[str, bytes] | None = None,
         extra_env: dict[str, str] | None = None,
+        compiled: bool = True,
+        warm: bool | str = False,
     ) -> Run:
         for name, content in (files or {}).items():
-            (tmp_path / name).write_bytes(content)
+            (workdir / name).write_bytes(content)
         if isinstance(code, str):
             request = build_request(code)
         else:
-            sent = (*prelude_files(), File(CODE_NAME, code))
-            request = EvalRequest(args=[PRELUDE_NAME], files=sent)
-        return run_request(request, tmp_path, extra_env=extra_env)
+            *helpers, _ = build_request("").files
+            request = EvalRequest(args=[PRELUDE_NAME], files=(*helpers, File(CODE_NAME, code)))
+        if not compiled:
+            request = from_source(request)
+        return run_request(request, workdir, extra_env=extra_env, warm=warm)
 
     return run
+
+
+@pytest.fixture
+def run_code(tmp_path: Path) -> RunCode:
+    """``run_code(code, ...)``: run ``code`` through the prelude in a temp dir (see runner())."""
+    return runner(tmp_path)

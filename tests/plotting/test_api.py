@@ -1,19 +1,22 @@
 """The package's public surface: the request it builds and the names it promises."""
 
 import importlib.util
+import marshal
+import re
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
 
 import plotting
 from plotting import (
+    BUNDLE_NAME,
     CODE_NAME,
     MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
     PNG_SIGNATURE,
     PRELUDE_NAME,
-    SUPPORT_NAME,
     Manifest,
     build_request,
     figure_number,
@@ -29,6 +32,7 @@ from .conftest import RunCode
 
 def test_exported_members() -> None:
     assert set(plotting.__all__) == {
+        "BUNDLE_NAME",
         "CODE_FILENAME",
         "CODE_NAME",
         "FIGURE_DPI",
@@ -39,7 +43,6 @@ def test_exported_members() -> None:
         "MANIFEST_NAME",
         "PNG_SIGNATURE",
         "PRELUDE_NAME",
-        "SUPPORT_NAME",
         "Manifest",
         "ReturnedFiles",
         "build_request",
@@ -57,10 +60,10 @@ def test_build_request_sends_the_prelude_and_the_code_as_files() -> None:
     request = build_request("print('é')", executable_path="/usr/bin/python3")
     assert request.input is None
     assert list(request.args or ()) == [PRELUDE_NAME]
-    prelude, support = prelude_files()
+    boot, bundle = prelude_files()
     assert [(f.path, f.content) for f in request.files] == [
-        (PRELUDE_NAME, prelude.content),
-        (SUPPORT_NAME, support.content),
+        (PRELUDE_NAME, boot.content),
+        (BUNDLE_NAME, bundle.content),
         (CODE_NAME, "print('é')".encode()),
     ]
     assert request.executable_path == "/usr/bin/python3"
@@ -71,7 +74,7 @@ def test_build_request_sends_the_prelude_and_the_code_as_files() -> None:
 
 def test_helper_files_are_never_returned_and_figures_are() -> None:
     # Snekbox returns files matching **/[!_]* that are not hidden.
-    for name in (PRELUDE_NAME, SUPPORT_NAME, CODE_NAME):
+    for name in (PRELUDE_NAME, BUNDLE_NAME, CODE_NAME):
         assert name.startswith("_")
     assert not is_figure(PRELUDE_NAME) and is_figure("figure_001.png")
     # The manifest is returned, and first among names in path order ("!" sorts before them).
@@ -80,12 +83,23 @@ def test_helper_files_are_never_returned_and_figures_are() -> None:
     assert min(names) == MANIFEST_NAME
 
 
-@pytest.mark.parametrize(("index", "source"), [(0, "_prelude.py"), (1, "_support.py")])
-def test_the_files_sent_are_the_packaged_ones_and_importing_them_does_nothing(
-    index: int, source: str
-) -> None:
+def test_the_first_file_is_the_packaged_boot_and_the_bundle_holds_the_rest() -> None:
+    package = Path(plotting.__file__).parent
+    boot, bundle = prelude_files()
+    assert boot.content == (package / "_boot.py").read_bytes()
+    magic, prelude, support, prelude_source, support_source = marshal.loads(bundle.content)
+    assert magic == importlib.util.MAGIC_NUMBER
+    assert prelude_source == (package / "_prelude.py").read_bytes()
+    assert zlib.decompress(support_source) == (package / "_support.py").read_bytes()
+    assert marshal.loads(prelude).co_filename == "<mcp-prelude>"
+    assert marshal.loads(zlib.decompress(support)).co_filename == "<mcp-support>"
+    # Small: the first file is compiled by every run, the rest only loaded.
+    assert len(boot.content) < 2048
+
+
+@pytest.mark.parametrize("source", ["_boot.py", "_prelude.py", "_support.py"])
+def test_importing_the_files_sent_does_nothing(source: str) -> None:
     path = Path(plotting.__file__).parent / source
-    assert prelude_files()[index].content == path.read_bytes()
     meta_path, main, argv = list(sys.meta_path), sys.modules["__main__"], list(sys.argv)
     spec = importlib.util.spec_from_file_location("copy_of_" + path.stem, path)
     assert spec is not None and spec.loader is not None
@@ -93,11 +107,15 @@ def test_the_files_sent_are_the_packaged_ones_and_importing_them_does_nothing(
     assert (sys.meta_path, sys.modules["__main__"], sys.argv) == (meta_path, main, argv)
 
 
-def test_the_prelude_and_its_support_module_agree() -> None:
+def test_the_prelude_its_boot_and_its_support_module_agree() -> None:
     from plotting import _prelude, _support
 
     assert _prelude.CODE_FILENAME == _support.CODE_FILENAME == plotting.CODE_FILENAME
     assert _support.BACKEND_MODULE in _prelude.WATCHED_IMPORTS
+    # The first file names the files it reads and removes itself (it stays a few lines).
+    boot = (Path(plotting.__file__).parent / "_boot.py").read_text()
+    assert set(re.findall(r'"(_mcp[^"]*)"', boot)) == {PRELUDE_NAME, BUNDLE_NAME}
+    assert f'remove("{PRELUDE_NAME}")' in boot and f'remove("{BUNDLE_NAME}")' in boot
 
 
 @pytest.mark.parametrize(
