@@ -17,8 +17,9 @@ this order:
    working directory there, and writes :data:`_MOUNTED` to stdout: the service then opens the
    directory through ``/proc/<pid>/root``, which keeps the tmpfs reachable after the run;
 5. blocks reading its command line from fd 3, and execs it (bwrap) with fd 4 its seccomp
-   program. EOF without the release marker means the run was cancelled, or the service died:
-   it exits at once. After the exec, bwrap's ``--die-with-parent`` ties the run to the service.
+   program (and fd 5, for a warm agent, the pipe its run will come through: ``_agent.py``).
+   EOF without the release marker means the run was cancelled, or the service died: it exits
+   at once. After the exec, bwrap's ``--die-with-parent`` ties the run to the service.
 
 Its one argument is a ``marshal``-ed dict, in hex (see ``evaluator.jail.LaunchSpec``): marshal
 is built in, where json would import ``re`` and double the launcher's start-up cost (a launcher
@@ -34,7 +35,8 @@ import sys
 
 _RELEASE = b"\xffrun\xff"
 _ARGS_FD = 3
-_KEPT_FDS = 5  # stdin, stdout, stderr, the command line, the seccomp program
+# stdin, stdout, stderr, the command line, the seccomp program, a warm agent's request pipe
+_KEPT_FDS = 6
 
 _MOUNTED = b"\x06"
 

@@ -53,11 +53,29 @@ class RunCgroup:
     """
 
     def __init__(
-        self, dirs: tuple[Path, ...], kill_file: bool, oom_counter: Path | None = None
+        self,
+        dirs: tuple[Path, ...],
+        kill_file: bool,
+        oom_counter: Path | None = None,
+        weight: tuple[Path, str] | None = None,
     ) -> None:
         self.dirs = dirs
         self._kill_file = kill_file
         self._oom_counter = oom_counter
+        #: The CPU weight file and the normal weight, for a cgroup made in the background.
+        self._weight = weight
+
+    @property
+    def in_background(self) -> bool:
+        """Whether it was made with the least CPU weight, to be raised by :meth:`foreground`."""
+        return self._weight is not None
+
+    def foreground(self) -> None:
+        """Give a cgroup made in the background the CPU weight of every run."""
+        if self._weight is not None:
+            file, value = self._weight
+            file.write_text(value)
+            self._weight = None
 
     @property
     def procs_files(self) -> tuple[str, ...]:
@@ -195,13 +213,18 @@ class Cgroups:
             return "cgroup v2 cpu.weight (equal for every run) and cpu.max"
         return "cgroup v1 cpu.shares (equal for every run) and cpu.cfs_quota_us"
 
-    def create(self) -> RunCgroup | None:
-        """Create a run's cgroup with its limits; ``None`` when there is no cgroup support."""
+    def create(self, *, background: bool = False) -> RunCgroup | None:
+        """Create a run's cgroup with its limits; ``None`` when there is no cgroup support.
+
+        ``background``: with the least CPU weight, so that what it does first (a warm agent's
+        imports) takes only CPU time no run wants, until :meth:`RunCgroup.foreground`.
+        """
         if not self._hierarchies:
             return None
         run_name = f"{os.getpid()}-{next(_run_numbers)}"
         memory = self._hierarchies.get("memory")
         oom_counter = None
+        weight: tuple[Path, str] | None = None
         dirs: list[Path] = []
         try:
             for hierarchy in {id(h): h for h in self._hierarchies.values()}.values():
@@ -209,6 +232,9 @@ class Cgroups:
                 d.mkdir()
                 dirs.append(d)
                 for file, value in hierarchy.limits:
+                    if background and file in _LEAST_WEIGHT:
+                        weight = (d / file, value)
+                        value = _LEAST_WEIGHT[file]
                     (d / file).write_text(value)
                 if hierarchy is memory:
                     oom_counter = d / (
@@ -218,7 +244,7 @@ class Cgroups:
             for d in dirs:
                 d.rmdir()
             raise
-        return RunCgroup(tuple(dirs), self.version == 2, oom_counter)
+        return RunCgroup(tuple(dirs), self.version == 2, oom_counter, weight)
 
     def sweep(self) -> int:
         """Remove run cgroups left by evaluator processes that no longer exist."""
@@ -312,6 +338,9 @@ def _setup_v2(
         limits += (("cpu.weight", "100"), ("cpu.max", f"{cpu_quota} {_CPU_PERIOD}"))
     return _Hierarchy(parent, limits, kill_file=(parent / "cgroup.kill").exists())
 
+
+#: The least CPU weight of a cgroup (v1 cpu.shares, v2 cpu.weight).
+_LEAST_WEIGHT = {"cpu.shares": "2", "cpu.weight": "1"}
 
 #: Passes of moving ``source``'s processes into the leaf before enabling controllers: a process
 #: that forks meanwhile (a shell's readiness loop, a health check in the same container) leaves

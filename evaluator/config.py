@@ -94,6 +94,10 @@ class EvaluatorConfig(ExplicitSettings):
             and dynamic users, container ranges end at 1879048191) and below 2**31.
         cpu_limit: CPUs each run may use at most (a cgroup quota); every run also gets the
             same CPU weight, so that concurrent runs share the machine fairly.
+        preimport: Modules a warm sandbox imports before the code arrives (matplotlib with
+            the Agg backend); what the code does not import still costs its memory.
+        warm_sandboxes: Sandboxes kept warm while idle: started, their interpreter running and
+            ``preimport`` imported, each used by one run; 0 turns them off.
         max_request_files: Files a request may send in (Snekbox returns at most 100; more
             only cost the service time to validate).
         max_request_bytes: The largest request body. ``None``: the working directory's worth
@@ -106,7 +110,7 @@ class EvaluatorConfig(ExplicitSettings):
     # and the interpreter are 3 processes; numpy still imports in 16 MiB), so that a bad value
     # is refused here rather than by a failing start-up probe.
     time_limit: Annotated[float, Field(gt=0, le=_DAY), Flag("wall-clock seconds per run")] = 15.0
-    memory_limit: Annotated[int, Field(ge=16, le=_TiB_IN_MiB), Flag("MiB of memory per run")] = 256
+    memory_limit: Annotated[int, Field(ge=16, le=_TiB_IN_MiB), Flag("MiB of memory per run")] = 384
     pids_limit: Annotated[int, Field(ge=4, le=4_194_304), Flag("processes and threads per run")] = (
         64
     )
@@ -157,6 +161,19 @@ class EvaluatorConfig(ExplicitSettings):
     max_request_files: Annotated[
         int, Field(ge=0, le=1_000_000), Flag("files a request may send in; 400 above")
     ] = 1000
+    preimport: Annotated[
+        tuple[str, ...],
+        Flag(
+            "modules a warm sandbox imports before the code arrives, comma-separated; empty: none",
+            default="numpy,pandas,matplotlib.pyplot",
+            empty=True,
+        ),
+    ] = ("numpy", "pandas", "matplotlib.pyplot")
+    warm_sandboxes: Annotated[
+        int,
+        Field(ge=0, le=10_000),
+        Flag("sandboxes kept warm while idle (interpreter started, PREIMPORT imported); 0: none"),
+    ] = 2
     max_request_bytes: Annotated[
         int | None,
         Field(ge=1, le=1 << 40),
@@ -186,6 +203,19 @@ class EvaluatorConfig(ExplicitSettings):
                 "(4 x concurrency + 16)"
             )
         return value
+
+    @field_validator("preimport", mode="before")
+    @classmethod
+    def _module_names(cls, value: Any) -> Any:
+        names = value.split(",") if isinstance(value, str) else value
+        if not isinstance(names, list | tuple):
+            return value
+        names = tuple(str(name).strip() for name in names if str(name).strip())
+        if not all(all(part.isidentifier() for part in name.split(".")) for name in names):
+            raise ValueError(
+                "it must be comma-separated module names (e.g. numpy,pandas), or empty"
+            )
+        return names
 
     @field_validator("cgroup_name")
     @classmethod

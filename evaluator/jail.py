@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,8 +37,8 @@ _LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 # Ends a released command line; a launcher that reads EOF without it (the run was cancelled,
 # or the service died mid-write) exits without running anything.
 _RELEASE = b"\xffrun\xff"
-# What the launcher writes once it has mounted the working directory (_launcher._MOUNTED).
-_MOUNTED = b"\x06"
+#: What the launcher writes once it has mounted the working directory (_launcher._MOUNTED).
+MOUNTED = b"\x06"
 # Where bwrap finds the seccomp program (the launcher's fd 4).
 _SECCOMP_FD = 4
 # The user inside the sandbox: nobody, like Snekbox. On the host it is the run's own uid.
@@ -191,9 +191,18 @@ class LaunchSpec:
 class JailedProcess:
     """A launcher started ahead of time, in its cgroups, waiting for its command line."""
 
-    def __init__(self, pid: int, args_fd: int, output_fd: int, cgroup: RunCgroup | None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        args_fd: int,
+        output_fd: int,
+        cgroup: RunCgroup | None,
+        request_fd: int | None = None,
+    ) -> None:
         self.pid = pid
         self._args_fd: int | None = args_fd
+        #: The warm agent's request pipe (see :meth:`deliver`); ``None`` for a plain launch.
+        self._request_fd = request_fd
         self._output_fd: int | None = output_fd
         self._cgroup = cgroup
         self._pidfd = os.pidfd_open(pid)
@@ -206,10 +215,16 @@ class JailedProcess:
         self._timed_out = False
         # Output read before the release, while waiting for the mount (a launcher's error).
         self._early = b""
+        self._watched = False
 
     @classmethod
     def spawn(
-        cls, spec: LaunchSpec, *, cgroup: RunCgroup | None, seccomp_fd: int | None = None
+        cls,
+        spec: LaunchSpec,
+        *,
+        cgroup: RunCgroup | None,
+        seccomp_fd: int | None = None,
+        warm: bool = False,
     ) -> JailedProcess:
         """Start the launcher; it blocks until :meth:`release` (or exits on :meth:`cancel`).
 
@@ -217,25 +232,31 @@ class JailedProcess:
             spec: What the launcher does first.
             cgroup: The run's cgroups (``spec`` names their ``cgroup.procs`` files).
             seccomp_fd: A seccomp program, handed to the launcher as fd 4.
+            warm: Hand it fd 5, the request pipe of a warm agent (see :meth:`deliver`).
         """
         args_r, args_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        request_r, request_w = os.pipe2(os.O_CLOEXEC) if warm else (None, None)
         fds = [null, out_w, out_w, args_r]
-        if seccomp_fd is not None:
-            fds.append(seccomp_fd)
+        if seccomp_fd is not None or request_r is not None:
+            fds.append(null if seccomp_fd is None else seccomp_fd)
+        if request_r is not None:
+            fds.append(request_r)
         try:
             argv = spec.argv()
             pid = spawn_owned(argv[0], argv, fds=fds, env={})
         except BaseException:
-            for fd in (args_w, out_r):
-                os.close(fd)
+            for fd in (args_w, out_r, request_w):
+                if fd is not None:
+                    os.close(fd)
             raise
         finally:
-            for fd in (args_r, out_w, null):
-                os.close(fd)
+            for fd in (args_r, out_w, null, request_r):
+                if fd is not None:
+                    os.close(fd)
         os.set_blocking(out_r, False)
-        return cls(pid, args_w, out_r, cgroup)
+        return cls(pid, args_w, out_r, cgroup, request_w)
 
     async def mounted(self) -> bool:
         """Wait until the launcher has mounted the working directory (``LaunchSpec.workdir``).
@@ -261,34 +282,70 @@ class JailedProcess:
             first = os.read(fd, 1)
         except BlockingIOError:
             return False
-        if first == _MOUNTED:
+        if first == MOUNTED:
             return True
         self._early = first
         return False
 
-    def release(self, argv: Sequence[str], time_limit: float) -> None:
+    def release(self, argv: Sequence[str], time_limit: float | None) -> None:
         """Hand the launcher its command line: it execs it now, and the clock starts.
 
         Past ``time_limit`` seconds the tree is killed: by :meth:`wait`, or, should the event
-        loop be stalled, by a watchdog thread shortly after.
+        loop be stalled, by a watchdog thread shortly after. ``None``: a warm agent, whose
+        clock starts when :meth:`deliver` hands it the run.
 
         Raises:
             ValueError: an argument contains a NUL byte.
         """
-        if any("\0" in arg for arg in argv):
-            raise ValueError("embedded null byte")
         if self._args_fd is None:
             raise RuntimeError("the process was already released or cancelled")
-        payload = b"".join(os.fsencode(arg) + b"\0" for arg in argv) + _RELEASE
         fd, self._args_fd = self._args_fd, None
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BrokenPipeError:
-            pass  # the launcher died before its release; wait() reports its status
-        finally:
-            os.close(fd)
+        _write_args(fd, argv)
+        self.released_at = time.monotonic()
+        if time_limit is not None:
+            self._start_clock(time_limit)
+
+    def deliver(self, args: Sequence[str], time_limit: float) -> None:
+        """Hand a warm agent the run's arguments: it runs them now, and the clock starts.
+
+        Raises:
+            ValueError: an argument contains a NUL byte.
+        """
+        if self._request_fd is None or self.released_at is None:
+            raise RuntimeError("deliver() needs a released warm agent, once")
+        self.stop_watching()
+        fd, self._request_fd = self._request_fd, None
+        _write_args(fd, args)
+        self._start_clock(time_limit)
+
+    def watch(self, on_output: Callable[[bytes], bool]) -> None:
+        """Until :meth:`deliver`, hand what the agent writes to ``on_output`` as it comes.
+
+        ``on_output`` returns whether to go on (``False`` once the agent failed; at EOF it
+        is given ``b""``).
+        """
+        fd = self._output_fd
+        if fd is None:
+            return
+
+        def readable() -> None:
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                return
+            if not on_output(chunk) or not chunk:
+                self.stop_watching()
+
+        asyncio.get_running_loop().add_reader(fd, readable)
+        self._watched = True
+
+    def stop_watching(self) -> None:
+        """Stop what :meth:`watch` started."""
+        if self._watched and self._output_fd is not None:
+            asyncio.get_running_loop().remove_reader(self._output_fd)
+        self._watched = False
+
+    def _start_clock(self, time_limit: float) -> None:
         self.released_at = time.monotonic()
         self._deadline = self.released_at + time_limit
         self._watchdog = threading.Timer(time_limit + _WATCHDOG_MARGIN, self._on_deadline)
@@ -296,10 +353,12 @@ class JailedProcess:
         self._watchdog.start()
 
     def cancel(self) -> None:
-        """Let a launcher that was never released exit without running anything."""
-        if self._args_fd is not None:
-            os.close(self._args_fd)
-            self._args_fd = None
+        """Let a launcher never released, or an agent never delivered to, exit at once."""
+        for name in ("_args_fd", "_request_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
 
     def kill(self) -> None:
         """SIGKILL the whole tree: bwrap's process group, and everything in the cgroup.
@@ -422,6 +481,7 @@ class JailedProcess:
 
         A launcher never released exits by itself once its command-line pipe is closed.
         """
+        self.stop_watching()
         self.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -451,6 +511,20 @@ class JailedProcess:
         finally:
             loop.remove_reader(self._pidfd)
         return exited.done()
+
+
+def _write_args(fd: int, args: Sequence[str]) -> None:
+    """Write NUL-terminated ``args`` and the release marker to ``fd``, then close it."""
+    try:
+        if any("\0" in arg for arg in args):
+            raise ValueError("embedded null byte")
+        view = memoryview(b"".join(os.fsencode(arg) + b"\0" for arg in args) + _RELEASE)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BrokenPipeError:
+        pass  # the launcher or agent died first; wait() reports its status
+    finally:
+        os.close(fd)
 
 
 def decode_output(output: bytes, *, truncated: bool) -> str | None:

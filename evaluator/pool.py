@@ -5,6 +5,13 @@ them that waits for its command line (see :mod:`.jail`). Each slot keeps its nex
 while idle, so a request pays only for bwrap and the interpreter. Disposal (kill, unmount,
 cgroup removal) runs in the background once the answer is produced, always, and
 :meth:`SandboxPool.aclose` waits for all of it.
+
+Warm sandboxes (:meth:`SandboxPool.start_warming`) go further: bwrap and the interpreter are
+started, and the agent (:mod:`._agent`) imports the modules a run is likely to need, before the
+run arrives. They are made only with spare capacity: their cgroup has the least CPU weight until
+it is used (so their imports take only CPU time no run wants), or, without a cpu cgroup, they
+are made one at a time and only while no run is in progress. A run takes a warm sandbox only
+once it is warm; else it takes a cold one, as without them.
 """
 
 from __future__ import annotations
@@ -12,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import seccomp
+from ._agent import WARM
 from .cgroups import Cgroups, RunCgroup
-from .jail import JailedProcess, LaunchSpec
+from .jail import MOUNTED, JailedProcess, LaunchSpec
 from .procfs import reap_orphans
 from .users import RunUsers
 from .workdir import Workdir, WorkdirRoot
@@ -28,14 +36,15 @@ __all__ = ["Sandbox", "SandboxPool"]
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)
 class Sandbox:
-    """Everything one run needs, made ahead of time."""
+    """Everything one run needs, made ahead of time; ``warm``: its agent is waiting."""
 
     workdir: Workdir
     cgroup: RunCgroup | None
     process: JailedProcess
     user: tuple[int, int] | None
+    warm: bool = False
 
 
 _ANSWER_FIRST = 0.002
@@ -87,6 +96,15 @@ class SandboxPool:
         self._ready: list[Sandbox] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        # Warm sandboxes: the agent's command line, how many to keep, whether the service is
+        # idle; those still importing, and those ready.
+        self._agent: Callable[[Workdir], list[str]] | None = None
+        self._warm_target = 0
+        self._idle: Callable[[], bool] = lambda: True
+        self._warming: list[Sandbox] = []
+        self._warm: list[Sandbox] = []
+        #: Runs that took a warm sandbox.
+        self.warm_taken = 0
 
     def take(self) -> Sandbox:
         """A ready sandbox, or a new one; the caller hands it to :meth:`retire` when done.
@@ -115,8 +133,33 @@ class SandboxPool:
         sandbox.process.kill()
         return False
 
-    def prepare(self) -> Sandbox:
+    @property
+    def warm_count(self) -> int:
+        """Warm sandboxes waiting for a run."""
+        return len(self._warm)
+
+    def take_warm(self) -> Sandbox | None:
+        """A warm sandbox whose agent waits for its run, if there is one."""
+        if not self._warm:
+            return None
+        self.warm_taken += 1
+        return self._warm.pop()
+
+    def start_warming(
+        self, agent: Callable[[Workdir], list[str]], count: int, idle: Callable[[], bool]
+    ) -> None:
+        """Keep ``count`` warm sandboxes, running ``agent(workdir)`` (bwrap's command line).
+
+        ``idle``: whether no run is in progress (warming waits for it without a cpu cgroup).
+        """
+        self._agent, self._warm_target, self._idle = agent, count, idle
+        self._warm_up()
+
+    def prepare(self, *, warm: bool = False) -> Sandbox:
         """Make a sandbox: working directory, cgroups, and the process waiting in them.
+
+        ``warm``: a sandbox for the agent, in a cgroup made in the background (see
+        :meth:`start_warming`), the launcher given a request pipe.
 
         Raises:
             OSError: any part could not be made (what was made is removed again).
@@ -131,7 +174,7 @@ class SandboxPool:
             self._users.give_back(user)
             raise
         try:
-            cgroup = self._cgroups.create()
+            cgroup = self._cgroups.create(background=warm)
             spec = LaunchSpec(
                 cgroup_procs=cgroup.procs_files if cgroup is not None else (),
                 rlimits=self._rlimits,
@@ -145,7 +188,7 @@ class SandboxPool:
             )
             seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None
             try:
-                process = JailedProcess.spawn(spec, cgroup=cgroup, seccomp_fd=seccomp_fd)
+                process = JailedProcess.spawn(spec, cgroup=cgroup, seccomp_fd=seccomp_fd, warm=warm)
             finally:
                 if seccomp_fd is not None:
                     os.close(seccomp_fd)
@@ -156,7 +199,7 @@ class SandboxPool:
             workdir.remove()
             self._users.give_back(user)
             raise
-        return Sandbox(workdir, cgroup, process, user)
+        return Sandbox(workdir, cgroup, process, user, warm)
 
     def retire(self, sandbox: Sandbox) -> None:
         """Dispose of a used sandbox in the background, then prepare the slot's next one."""
@@ -188,21 +231,79 @@ class SandboxPool:
             self._users.give_back(sandbox.user)
 
     def refill(self) -> None:
-        """Prepare sandboxes until ``ready`` of them wait."""
+        """Prepare sandboxes until ``ready`` of them wait, then warm sandboxes."""
         while not self._closing and len(self._ready) < self._target:
             try:
                 self._ready.append(self.prepare())
             except OSError:
                 log.exception("could not prepare a sandbox ahead of time")
                 return
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Start warm sandboxes until ``count`` of them are warm or warming (see the module)."""
+        background = self._cgroups.cpu is not None
+        while (
+            self._agent is not None
+            and not self._closing
+            and len(self._warm) + len(self._warming) < self._warm_target
+            and (background or (not self._warming and self._idle()))
+        ):
+            try:
+                sandbox = self.prepare(warm=True)
+            except OSError:
+                log.exception("could not prepare a warm sandbox")
+                return
+            self._warming.append(sandbox)
+            sandbox.process.release(self._agent(sandbox.workdir), None)
+            sandbox.process.watch(self._watcher(sandbox))
+
+    def _watcher(self, sandbox: Sandbox) -> Callable[[bytes], bool]:
+        """What reads a warming agent's output: the launcher's mount, then the agent's WARM."""
+        expected = [*([MOUNTED] if sandbox.workdir.launcher_mount else []), WARM]
+        pending = bytearray()
+
+        def on_output(chunk: bytes) -> bool:
+            pending.extend(chunk)
+            while pending and expected and pending[:1] == expected[0]:
+                del pending[:1]
+                if expected.pop(0) == MOUNTED:
+                    try:
+                        sandbox.workdir.attach(sandbox.process.pid)
+                    except OSError as exc:
+                        return self._warming_failed(sandbox, f"its directory: {exc}".encode())
+            if not expected:
+                self._warming.remove(sandbox)
+                self._warm.append(sandbox)
+                return False
+            if pending or not chunk:
+                return self._warming_failed(sandbox, bytes(pending) or b"(exited)")
+            return True
+
+        return on_output
+
+    def _warming_failed(self, sandbox: Sandbox, output: bytes) -> bool:
+        """A warm sandbox that did not get warm: no more are made (the next would fail too)."""
+        if self._closing or sandbox not in self._warming:
+            return False
+        log.warning(
+            "warm sandboxes are turned off: one failed to start (memory limit too low for "
+            "EVALUATOR_PREIMPORT?): %s",
+            output[:500].decode("utf-8", "replace").strip(),
+        )
+        self._warm_target = 0
+        self._warming.remove(sandbox)
+        self._spawn(self.dispose(sandbox))
+        return False
 
     async def aclose(self) -> None:
         """Wait for every disposal, then dispose of the ready sandboxes."""
         self._closing = True
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        while self._ready:
-            await self.dispose(self._ready.pop())
+        for waiting in (self._ready, self._warm, self._warming):
+            while waiting:
+                await self.dispose(waiting.pop())
 
     async def _retire(self, sandbox: Sandbox) -> None:
         # Disposal starts with synchronous work (kill, rmdir, umount, a fork to refill); the

@@ -15,12 +15,13 @@ import logging
 import os
 import shutil
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from types import TracebackType
 
 from snekbox_client import EndedBy, EvalRequest, EvalResult
 
-from . import limits, seccomp
+from . import bytecode, limits, seccomp
 from .cgroups import Cgroups, RunCgroup
 from .config import EvaluatorConfig, MiB
 from .errors import InvalidExecutable, QueueFull, SandboxUnavailable
@@ -43,6 +44,10 @@ __all__ = ["Evaluator"]
 log = logging.getLogger(__name__)
 
 _PR_SET_CHILD_SUBREAPER = 36
+# The warm agent, bound read-only into its sandbox: the sandbox binds only the interpreter's
+# environment, where this package may not be (a checkout run with uv run).
+_AGENT = Path(__file__).with_name("_agent.py")
+_AGENT_IN_SANDBOX = "/run/evaluator/agent.py"
 _PROBE = "import sys; print('ok')"
 # Builds matplotlib's font list once, so that runs do not rebuild it (~150 ms each).
 _FONTLIST = "import matplotlib.font_manager"
@@ -68,8 +73,10 @@ class Evaluator:
         self._closing = False
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._waiting = 0
+        self._running = 0
         self._pool: SandboxPool | None = None
         self._fontlist_task: asyncio.Task[None] | None = None
+        self._bytecode_task: asyncio.Future[None] | None = None
         self._root: WorkdirRoot | None = None
         self._cgroups = Cgroups({}, None)
         self._users = RunUsers(None, 0)
@@ -79,6 +86,7 @@ class Evaluator:
         self._nproc: int | None = None
         self._fontlist: tuple[str, str] | None = None
         self._empty_file: str | None = None
+        self._agent_file = ""
 
     async def __aenter__(self) -> Evaluator:
         await self.start()
@@ -122,6 +130,12 @@ class Evaluator:
         self._root = WorkdirRoot.create(config.workdir_root)
         # Not root: each run's launcher mounts its size-bounded tmpfs, in a user namespace.
         self._root.launchers_mount = not self._root.can_mount and not config.unsandboxed
+        # In the private directory, which every sandbox user can reach (the package may lie
+        # below one it cannot, /root).
+        agent = self._root.path / "agent.py"
+        agent.write_bytes(_AGENT.read_bytes())
+        agent.chmod(0o444)
+        self._agent_file = str(agent)
         empty = self._root.path / "empty"
         empty.touch(0o444)
         self._empty_file = str(empty)
@@ -143,6 +157,7 @@ class Evaluator:
         pool.refill()
         if not config.unsandboxed:
             self._fontlist_task = asyncio.ensure_future(self._build_fontlist(pool))
+        self._bytecode_task = asyncio.ensure_future(asyncio.to_thread(self._check_bytecode))
 
     async def _start_pool(self) -> SandboxPool:
         """Make the pool and prove a first run works in it.
@@ -203,7 +218,8 @@ class Evaluator:
         if any("\0" in arg for arg in command):
             return EvalResult("ValueError: embedded null byte", None)
         async with self._slot():
-            sandbox = pool.take()
+            sandbox = pool.take_warm() if self._warm_eligible(command) else None
+            sandbox = sandbox or pool.take()
             try:
                 return await self._run_in(sandbox, command, request)
             except BaseException:
@@ -222,12 +238,25 @@ class Evaluator:
         if self._fontlist_task is not None:  # it disposes of its own sandbox
             await asyncio.gather(self._fontlist_task, return_exceptions=True)
             self._fontlist_task = None
+        if self._bytecode_task is not None:  # a thread: it cannot be cancelled
+            await asyncio.gather(self._bytecode_task, return_exceptions=True)
+            self._bytecode_task = None
         self._pool = None
         self._users.close()
         if self._root is not None:
             self._root.remove()
             self._root = None
         self._started = False
+
+    @property
+    def warm_sandboxes(self) -> int:
+        """Warm sandboxes waiting for a run (see ``EvaluatorConfig.warm_sandboxes``)."""
+        return self._pool.warm_count if self._pool is not None else 0
+
+    @property
+    def warm_runs(self) -> int:
+        """Runs, since the start, that took a warm sandbox."""
+        return self._pool.warm_taken if self._pool is not None else 0
 
     def limits_in_force(self) -> tuple[Limit, ...]:
         """Which limits this machine really enforces, and how (known after :meth:`start`)."""
@@ -251,9 +280,11 @@ class Evaluator:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
+        self._running += 1
         try:
             yield
         finally:
+            self._running -= 1
             self._slots.release()
 
     async def _run_in(
@@ -267,7 +298,12 @@ class Evaluator:
                 written = await asyncio.to_thread(sandbox.workdir.write_files, request.files)
             except WriteError as exc:
                 return EvalResult(str(exc), None)
-        sandbox.process.release(self._argv(command, sandbox.workdir), config.time_limit)
+        if sandbox.warm:
+            if sandbox.cgroup is not None:
+                sandbox.cgroup.foreground()
+            sandbox.process.deliver(command[1:], config.time_limit)
+        else:
+            sandbox.process.release(self._argv(command, sandbox.workdir), config.time_limit)
         outcome = await sandbox.process.wait(config.output_limit)
         stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
         if stdout is None:
@@ -284,16 +320,33 @@ class Evaluator:
             return EvalResult(str(exc), None)
         return EvalResult(stdout, outcome.returncode, files, _ended_by(outcome, sandbox.cgroup))
 
-    def _argv(self, command: list[str], workdir: Workdir) -> list[str]:
+    def _argv(
+        self, command: list[str], workdir: Workdir, extra: Sequence[tuple[str, str]] = ()
+    ) -> list[str]:
         if self._view is None:
             return command
         return self._view.argv(
             command,
             workdir=workdir.path,
             seccomp=self._seccomp is not None,
-            readonly_files=[self._fontlist] if self._fontlist else [],
+            readonly_files=[*([self._fontlist] if self._fontlist else []), *extra],
             empty_file=self._empty_file,
         )
+
+    def _warm_eligible(self, command: list[str]) -> bool:
+        """Whether a warm agent runs ``command`` as the interpreter would: the default
+        interpreter given ``-c CODE`` or a ``.py`` script, and no other option."""
+        if command[0] != self.config.executable or len(command) < 2:
+            return False
+        first = command[1]
+        return (first == "-c" and len(command) > 2) or (
+            first.endswith(".py") and not first.startswith("-")
+        )
+
+    def _agent_argv(self, workdir: Workdir) -> list[str]:
+        """bwrap's command line of a warm sandbox: the agent, with the modules it imports."""
+        command = [self.config.executable, _AGENT_IN_SANDBOX, *self.config.preimport]
+        return self._argv(command, workdir, [(self._agent_file, _AGENT_IN_SANDBOX)])
 
     def _executable(self, path: str | None) -> str:
         if path is None:
@@ -326,6 +379,33 @@ class Evaluator:
                 f"(returncode {result.returncode}): {result.stdout.strip()[:2000]}\n" + WHAT_TO_DO
             )
 
+    def _check_bytecode(self) -> None:
+        """Compile the environment the runs import from, if it lacks bytecode (see bytecode.py)."""
+        executable = self.config.executable
+        names = {*bytecode.DEFAULT_MODULES, *(m.split(".")[0] for m in self.config.preimport)}
+        try:
+            found = bytecode.uncompiled(executable, sorted(names))
+        except (RuntimeError, ValueError) as exc:
+            log.warning("could not check the bytecode of the runs' packages: %s", exc)
+            return
+        if not found:
+            return
+        stale = sum(item.stale for item in found)
+        names_found = ", ".join(item.module for item in found)
+        log.warning(
+            "%d source files of %s have no fresh bytecode, which every run would compile "
+            "again (e.g. %s); compiling them now",
+            stale, names_found, found[0].example,
+        )  # fmt: skip
+        if bytecode.compile_in_place(executable, [p for item in found for p in item.paths]):
+            log.info("compiled the bytecode of %s", names_found)
+        else:
+            log.warning(
+                "the bytecode of %s cannot be written here: make the environment with "
+                "`uv sync` (this project compiles it) or run `%s -m compileall` on it as its owner",
+                names_found, executable,
+            )  # fmt: skip
+
     async def _build_fontlist(self, pool: SandboxPool) -> None:
         sandbox = pool.prepare()
         try:
@@ -345,6 +425,11 @@ class Evaluator:
             self._fontlist = (str(kept), f"{MPLCONFIGDIR}/{built[-1].name}")
         finally:
             await pool.dispose(sandbox)
+            # After the font list: a warm agent importing pyplot would otherwise build its own.
+            if self.config.warm_sandboxes and not self._closing:
+                pool.start_warming(
+                    self._agent_argv, self.config.warm_sandboxes, lambda: self._running == 0
+                )
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

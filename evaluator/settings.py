@@ -48,11 +48,13 @@ class Flag:
         default: The default in words, when it is computed or absent (``"CPU count"``).
         metavar: What the flag takes, in ``--help`` (default: the NAME). A bool flag takes
             nothing and sets true, unless it has one.
+        empty: An empty variable is the empty value (a list of nothing), not unset.
     """
 
     help: str
     default: str | None = None
     metavar: str | None = None
+    empty: bool = False
 
 
 class SettingsError(ValueError):
@@ -114,7 +116,8 @@ class ExplicitSettings(BaseSettings):
 class EnvironmentSource(PydanticBaseSettingsSource):
     """The variables of ``environ`` that set a field (see :meth:`ExplicitSettings.variables`).
 
-    Values are stripped; an empty one is unset (the default holds).
+    Values are stripped; an empty one is unset (the default holds), unless its field's
+    :class:`Flag` says ``empty``.
     """
 
     def __init__(self, settings_cls: type[ExplicitSettings], environ: Mapping[str, str]) -> None:
@@ -123,7 +126,12 @@ class EnvironmentSource(PydanticBaseSettingsSource):
         self._environ = environ
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        value = self._environ.get(self._settings_cls.variable(field_name), "").strip()
+        value = self._environ.get(self._settings_cls.variable(field_name))
+        if value is None:
+            return None, field_name, False
+        value = value.strip()
+        if not value and any(isinstance(m, Flag) and m.empty for m in field.metadata):
+            return "", field_name, False
         return value or None, field_name, False
 
     def __call__(self) -> dict[str, Any]:

@@ -15,8 +15,9 @@ TIME_LIMIT = 2.0
 
 
 def config(**overrides: Any) -> EvaluatorConfig:
-    """Short limits, so that hostile runs end fast."""
-    values: dict[str, Any] = {"time_limit": TIME_LIMIT, "concurrency": 2}
+    """Short limits, so that hostile runs end fast; no warm sandboxes (test_warm.py has them),
+    so that every run takes the same path."""
+    values: dict[str, Any] = {"time_limit": TIME_LIMIT, "concurrency": 2, "warm_sandboxes": 0}
     values.update(overrides)
     return EvaluatorConfig(**values)
 

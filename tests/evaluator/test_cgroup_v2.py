@@ -91,7 +91,7 @@ async def run(evaluator: Evaluator, code: str, *args: str) -> EvalResult:
 async def test_memory_and_processes_are_cgroup_v2_limits(evaluator: Evaluator) -> None:
     limits = {limit.name: limit for limit in evaluator.limits_in_force()}
     assert limits["memory"].enforced
-    assert limits["memory"].how == "256 MiB: cgroup v2 memory.max, memory.swap.max=0"
+    assert limits["memory"].how == "384 MiB: cgroup v2 memory.max, memory.swap.max=0"
     assert limits["processes"].enforced
     assert limits["processes"].how.startswith("64: cgroup v2 pids.max"), limits["processes"]
 

@@ -64,7 +64,7 @@ def test_from_env_reads_each_variable_stripped_and_empty_is_unset() -> None:
         "EVALUATOR_WORKDIR_INODES": "1",  # not a setting with a variable: ignored
     }
     config = EvaluatorConfig.from_env(environ)
-    assert (config.time_limit, config.queue_limit, config.memory_limit) == (2.5, 0, 256)
+    assert (config.time_limit, config.queue_limit, config.memory_limit) == (2.5, 0, 384)
     assert (config.max_request_files, config.request_bytes_limit) == (5, 1000)
     assert config.unsandboxed and config.workdir_inodes == 4096
 
@@ -157,7 +157,12 @@ def test_a_flag_wins_over_its_variable() -> None:
 
 @pytest.mark.parametrize("name", SETTINGS)
 def test_every_variable_is_a_flag(name: str) -> None:
-    value = {"host": "127.0.0.2", "unsandboxed": UNSANDBOXED_CONSENT, "sandbox_uid": "3000"}
+    value = {
+        "host": "127.0.0.2",
+        "unsandboxed": UNSANDBOXED_CONSENT,
+        "sandbox_uid": "3000",
+        "preimport": "json",
+    }
     args = parse_args(["--" + name.replace("_", "-"), value.get(name, "20")], {})
     settings = args.service if name in ServiceSettings.model_fields else args.config
     assert getattr(settings, name) != getattr(type(settings)(), name)
@@ -174,3 +179,14 @@ def test_the_readme_lists_exactly_the_settings_with_their_defaults() -> None:
         assert variable == ServiceSettings.variable(name) == f"EVALUATOR_{name.upper()}"
         declared[variable] = default if marker.default is not None else f"`{default}`"
     assert listed == declared
+
+
+def test_preimport_is_a_list_of_module_names_and_empty_turns_it_off() -> None:
+    assert EvaluatorConfig.from_env({"EVALUATOR_PREIMPORT": " json , xml.dom "}).preimport == (
+        "json",
+        "xml.dom",
+    )
+    assert EvaluatorConfig.from_env({"EVALUATOR_PREIMPORT": ""}).preimport == ()
+    assert EvaluatorConfig.from_env({}).preimport == ("numpy", "pandas", "matplotlib.pyplot")
+    with pytest.raises(SettingsError, match="it must be comma-separated module names"):
+        EvaluatorConfig.from_env({"EVALUATOR_PREIMPORT": "numpy,os; rm -rf /"})

@@ -36,7 +36,7 @@ def server() -> Iterator[str]:
         if time.monotonic() > deadline or process.poll() is not None:
             process.kill()
             pytest.fail("the evaluator did not start:\n" + "".join(log))
-    assert any("limit memory: 256 MiB" in line for line in log), log
+    assert any("limit memory: 384 MiB" in line for line in log), log
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

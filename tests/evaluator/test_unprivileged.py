@@ -50,7 +50,10 @@ def venv() -> Iterator[Path]:
         env = Path(root, "venv")
         subprocess.run([uv, "venv", "-q", "--python", SYSTEM_PYTHON, env], check=True)
         python = env / "bin" / "python"
-        install: list[str | Path] = [uv, "pip", "install", "-q", "--python", python, PROJECT]
+        # Compiled, as the project's own environment is (pyproject.toml): nobody's runs read it.
+        install: list[str | Path] = [
+            uv, "pip", "install", "-q", "--compile-bytecode", "--python", python, PROJECT,
+        ]  # fmt: skip
         subprocess.run(install, check=True, timeout=600)
         subprocess.run(["chmod", "-R", "a+rX", root], check=True)
         yield env

@@ -227,3 +227,33 @@ def descendants(pid: int) -> dict[int, str]:
 def open_fds(pid: int) -> int:
     """How many file descriptors ``pid`` holds (sockets included)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+#: Where the built-in evaluator binds its warm agent inside a sandbox (evaluator/service.py).
+WARM_AGENT = "/run/evaluator/agent.py"
+
+
+def only_warm_sandboxes(pid: int, count: int) -> bool:
+    """Whether the sandboxes below ``pid`` are exactly ``count`` warm ones waiting for a run.
+
+    A warm sandbox is bwrap, its init and the agent (see ``evaluator/_agent.py``); it waits
+    while the agent still holds fd 5, its request pipe, which it closes before running code.
+    A cold sandbox made ahead is a launcher waiting for its command line. Every other process
+    below ``pid`` would be a run, or what a run left behind.
+    """
+    waiting = 0
+    for child, name in descendants(pid).items():
+        if name == "bwrap":
+            continue
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            idle = os.path.exists(f"/proc/{child}/fd/5")
+        except OSError:
+            return False
+        if any(arg.endswith(b"/_launcher.py") for arg in argv):
+            continue
+        if WARM_AGENT.encode() not in argv or not idle:
+            return False
+        waiting += 1
+    bwraps = sum(name == "bwrap" for name in descendants(pid).values())
+    return waiting == count and bwraps == 2 * count

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from python_mcp_server import Settings, create_app
-from tests.gateway.conftest import with_time_limit
+from tests.gateway.conftest import with_evaluator
 from tests.gateway.harness import (
     ACCEPT,
     PROTOCOL_VERSION,
@@ -251,8 +251,12 @@ def sandboxes() -> set[int]:
 
 @pytest.fixture
 def builtin_gateway(settings: Settings) -> Iterator[str]:
-    """The gateway with the built-in evaluator in this process, and a 10 s time limit."""
-    slow = with_time_limit(settings, 10)
+    """The gateway with the built-in evaluator in this process, and a 10 s time limit.
+
+    No warm sandboxes: they are processes waiting by design, which the checks of what a test
+    leaves would count (a cancelled warm run is tested in tests/evaluator/test_warm.py).
+    """
+    slow = with_evaluator(settings, time_limit=10, warm_sandboxes=0)
     before = sandboxes()
     with serve(create_app(slow)) as url:
         yield url
