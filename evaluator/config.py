@@ -200,7 +200,7 @@ class EvaluatorConfig(ExplicitSettings):
         if not 1000 <= value <= _MAX_UID - needed:
             raise ValueError(
                 f"it must be an integer from 1000 that leaves {needed} uids below 2**31 "
-                "(4 x concurrency + 16)"
+                "(the range the services of a host share)"
             )
         return value
 
@@ -237,7 +237,7 @@ class EvaluatorConfig(ExplicitSettings):
 
     @property
     def sandbox_uids(self) -> int:
-        """How many sandboxes may be alive at once: ready, running, and being disposed of."""
+        """The uids from :attr:`sandbox_uid` that the root services of this host share."""
         return _sandbox_uids(self.concurrency)
 
     @property
@@ -253,5 +253,11 @@ class EvaluatorConfig(ExplicitSettings):
         return 4 * self.concurrency if self.max_queue is None else self.max_queue
 
 
+#: The uids every root service on a host shares from the same EVALUATOR_SANDBOX_UID, each
+#: claiming the ones its live sandboxes use (see users.py): room for many services (tests,
+#: replicas on one host), each with ready, warm, running and retiring sandboxes.
+SHARED_UID_RANGE = 65536
+
+
 def _sandbox_uids(concurrency: int) -> int:
-    return 4 * concurrency + 16
+    return max(SHARED_UID_RANGE, 4 * concurrency + 16)

@@ -8,7 +8,9 @@ the sandbox lives and released by the kernel if the service dies), so the kernel
 quotas
 (inotify instances and watches, RLIMIT_NPROC, queued signals, POSIX message queues, pipe
 buffers) are per run: one run exhausting one cannot starve the host or another run. The uids
-own no file on the host and need no passwd entry; the range is checked at start to be unused.
+own no file on the host and need no passwd entry; the range is checked at start to be unused
+(the entries the system lists), and each uid again before its first use (for user databases
+that cannot be listed).
 
 A service started by an ordinary user cannot change uid: every run keeps that user's uid, and
 the per-user quotas are shared (the seccomp filter then refuses inotify, the one a run could
@@ -53,6 +55,7 @@ class RunUsers:
         self.count = count
         self._claims = claims
         self._held: dict[int, int] = {}  # uid -> the fd holding its claim
+        self._checked: dict[int, bool] = {}  # uid -> whether no user or group has it
 
     @classmethod
     def for_service(cls, first: int, count: int) -> RunUsers:
@@ -63,15 +66,13 @@ class RunUsers:
         """
         if os.geteuid() != 0:
             return cls(None, count)
-        for number in range(first, first + count):
-            for kind, lookup in (("user", pwd.getpwuid), ("group", grp.getgrgid)):
-                try:
-                    entry = lookup(number)
-                except KeyError:
-                    continue
+        listed = [("user", u.pw_name, u.pw_uid) for u in pwd.getpwall()]
+        listed += [("group", g.gr_name, g.gr_gid) for g in grp.getgrall()]
+        for kind, name, number in listed:
+            if first <= number < first + count:
                 raise SandboxUnavailable(
                     f"the sandboxes' host ids {first}-{first + count - 1} must be unused, but "
-                    f"{number} is the {kind} {entry[0]!r}: set EVALUATOR_SANDBOX_UID to the "
+                    f"{number} is the {kind} {name!r}: set EVALUATOR_SANDBOX_UID to the "
                     "start of a free range"
                 )
         base = Path("/run") if os.path.isdir("/run") else Path(tempfile.gettempdir())
@@ -96,7 +97,7 @@ class RunUsers:
             return None
         # The lowest free one, so that a quiet service keeps using the same few.
         for uid in range(self.first, self.first + self.count):
-            if uid in self._held:
+            if uid in self._held or not self._unused(uid):
                 continue
             fd = os.open(self._claims / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
@@ -107,6 +108,17 @@ class RunUsers:
             self._held[uid] = fd
             return uid, uid
         raise OSError(f"all {self.count} sandbox uids from {self.first} are in use")
+
+    def _unused(self, uid: int) -> bool:
+        """Whether no user or group has the id (looked up once, on first use)."""
+        if uid not in self._checked:
+            for lookup in (pwd.getpwuid, grp.getgrgid):
+                with contextlib.suppress(KeyError):
+                    lookup(uid)
+                    self._checked[uid] = False
+                    return False
+            self._checked[uid] = True
+        return self._checked[uid]
 
     def give_back(self, user: tuple[int, int] | None) -> None:
         """Return a sandbox's uid once none of its processes is left."""

@@ -19,7 +19,7 @@ from tests.compose.support import COMPOSE_FILES, EVALUATION_SERVICE, ROOT, load,
 STACKS = sorted(COMPOSE_FILES)
 GATEWAY_PORT = 18080
 # The sandbox limits the README documents (both evaluation services must agree).
-TIME_LIMIT_S, MEMORY_LIMIT_MIB, PIDS_LIMIT = 10, 256, 64
+TIME_LIMIT_S, MEMORY_LIMIT_MIB, PIDS_LIMIT = 10, 384, 64
 
 
 def services(stack: str) -> dict[str, Any]:

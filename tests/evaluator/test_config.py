@@ -28,7 +28,7 @@ SETTINGS = {**ServiceSettings.flags(), **EvaluatorConfig.flags()}
 
 def test_keyword_construction_copies_and_properties() -> None:
     config = EvaluatorConfig(time_limit=2, concurrency=2)
-    assert (config.time_limit, config.queue_limit, config.sandbox_uids) == (2.0, 8, 24)
+    assert (config.time_limit, config.queue_limit, config.sandbox_uids) == (2.0, 8, 65536)
     copied = config.model_copy(update={"time_limit": 5, "max_queue": 0})
     assert (copied.time_limit, copied.queue_limit, copied.concurrency) == (5.0, 0, 2)
     with pytest.raises(ValueError, match="frozen"):
@@ -86,7 +86,8 @@ def test_from_env_reads_each_variable_stripped_and_empty_is_unset() -> None:
         (
             "EVALUATOR_SANDBOX_UID",
             "0",
-            "an integer from 1000 that leaves 24 uids below 2**31 (4 x concurrency + 16)",
+            "an integer from 1000 that leaves 65536 uids below 2**31 (the range the services of a "
+            "host share)",
         ),
     ],
 )

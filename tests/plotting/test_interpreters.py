@@ -3,14 +3,16 @@ loads the prelude compiled by the gateway; one with another bytecode format, whi
 from source; one kept warm, which imported numpy, pandas and pyplot before the run began."""
 
 import signal
+import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from plotting import MANIFEST_NAME, PNG_SIGNATURE
+from plotting import MANIFEST_NAME, PNG_SIGNATURE, PRELUDE_NAME, build_request
 
-from .conftest import Run, RunCode, runner
+from .conftest import PYTHON, Run, RunCode, runner
 
 WAYS = {
     "compiled": {},
@@ -137,3 +139,28 @@ def test_a_warm_interpreter_whose_pyplot_resolved_agg_still_captures(run_code: R
     )
     assert (run.output, run.returncode) == ("module://_mcp_backend []\n", 0)
     assert sizes(run) == {"figure_001.png": (300, 200)}
+
+
+def test_the_module_that_ran_the_first_file_becomes_the_users(tmp_path: Path) -> None:
+    # A runner that keeps its interpreter warm runs the first file in a __main__ of its own
+    # and, skipping the interpreter's teardown, frees what the run left by clearing that module
+    # (the evaluator's warm agent does): it must be the user's, or a file the code left open
+    # would never be flushed.
+    runner = textwrap.dedent(f"""
+        import sys
+        main = sys.modules["__main__"] = type(sys)("__main__")
+        sys.argv = [{PRELUDE_NAME!r}]
+        source = open({PRELUDE_NAME!r}, "rb").read()
+        try:
+            exec(compile(source, "/home/" + {PRELUDE_NAME!r}, "exec"), vars(main))
+        finally:
+            print(sys.modules["__main__"] is main, sorted(main.__dict__)[-1])
+            main.__dict__.clear()
+            print(open("out.txt").read())
+    """)
+    for file in build_request("out = open('out.txt', 'w')\nout.write('flushed')").files:
+        (tmp_path / file.path).write_bytes(file.content)
+    proc = subprocess.run(
+        [*PYTHON, "-c", runner], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert (proc.stdout, proc.stderr, proc.returncode) == ("True out\nflushed\n", "", 0)
