@@ -8,13 +8,13 @@ the first, which runs the code::
     result = await client.eval(build_request("import matplotlib.pyplot as plt; plt.plot([1, 2])"))
     files = sort_files(result.files)  # files.figures: figure_001.png, ... in drawing order
 
-The first file, :data:`PRELUDE_NAME` (``_boot.py``), is a few lines: it loads the prelude
-(``_prelude.py``) and its support module (``_support.py``) from the bundle, :data:`BUNDLE_NAME`,
-where they travel compiled by the gateway's interpreter, after their sources (an interpreter
-with another bytecode format compiles those instead), and removes both files. A sandbox runs a
-fresh interpreter for every run: compiling the prelude there would cost more than all the rest
-it does, and the support module is made only when a run needs it. The prelude reads the code from
-:data:`CODE_NAME`, removes it, and runs the code as ``__main__``: tracebacks show only the
+The first file, :data:`PRELUDE_NAME` (``_boot.py``), is a few statements: it loads the prelude
+(``_prelude.py``) from the bundle, :data:`BUNDLE_NAME`, where the prelude and its support module
+(``_support.py``) travel compiled by the gateway's interpreter, with their sources for an
+interpreter with another bytecode format (see :func:`prelude_files`). Snekbox starts a fresh
+interpreter for every run, and compiling the prelude there would cost more than all else it
+does; the support module is loaded only when a run needs it. The prelude removes the three
+files, reads the code from :data:`CODE_NAME` and runs it as ``__main__``: tracebacks show only the
 user's frames (file :data:`CODE_FILENAME`) with the user's line numbers, ``sys.exit(n)`` exits
 with n and an uncaught exception with 1. Every matplotlib figure shown with ``plt.show()`` or
 still open at the end becomes ``figure_NNN.png`` in the working directory (NNN = 001, 002, ...
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from snekbox_client import EvalRequest, File
 
-from ._prelude import CODE_FILENAME, CODE_NAME
+from ._prelude import BUNDLE_NAME, CODE_FILENAME, CODE_NAME, PRELUDE_NAME
 from ._support import (
     FIGURE_DPI,
     FIGURE_MAX_PIXELS,
@@ -73,10 +73,6 @@ __all__ = [
     "sort_files",
 ]
 
-#: The name the first file travels under (``_boot.py``), and the interpreter's only argument.
-PRELUDE_NAME = "_mcp_prelude.py"
-#: The name the bundle travels under: the prelude and its support module (see prelude_files()).
-BUNDLE_NAME = "_mcp_prelude.bin"
 #: Names of the figures the prelude captures; group 1 is the figure's number (ASCII digits).
 FIGURE_PATTERN = re.compile(r"figure_([0-9]{3,})\.png")
 #: Names of figures still being saved: left over when a run ended during a save.
@@ -97,7 +93,8 @@ def prelude_files() -> tuple[File, File]:
     magic number (``importlib.util.MAGIC_NUMBER``), the code is compiled here, each ``marshal``-ed
     on its own; what only some runs load (the support module's code, or its source) is
     compressed with ``zlib``. ``_boot.py`` loads the compiled prelude when its interpreter has the
-    same magic number, else it compiles the prelude's source (the prelude, the support module's).
+    same magic number, else it compiles the prelude's source, and the prelude does the same with
+    the support module when a run needs it.
     """
     package = importlib.resources.files(__name__)
     boot, prelude, support = (

@@ -14,7 +14,9 @@ is not UTF-8, so ``sys.stdout`` and ``sys.stderr`` are replaced, before the code
 """
 
 # contextlib is not loaded at interpreter startup; importing it would cost every run. Names are
-# imported, not modules (see _boot.py): os, io, codecs are then freed whole at exit.
+# imported, not modules: this namespace outlives the run (the streams' and finder's functions
+# use it), and holding os, io or codecs would make the interpreter's exit clear them (and what
+# they import) one name at a time, where it otherwise frees them whole.
 # ruff: noqa: SIM105
 
 import builtins
@@ -31,6 +33,9 @@ if TYPE_CHECKING:
     from io import BufferedIOBase
     from types import ModuleType
 
+# The files of a run: the first (``_boot.py``), the bundle, the user's code.
+PRELUDE_NAME = "_mcp_prelude.py"
+BUNDLE_NAME = "_mcp_prelude.bin"
 CODE_NAME = "_mcp_code.py"
 # The name python -c gives its code: exec() of a string uses it, and compile() is avoided.
 CODE_FILENAME = "<string>"
@@ -39,9 +44,9 @@ WATCHED_IMPORTS = frozenset({"_mcp_backend", "matplotlib", "matplotlib.pyplot", 
 # The error handler of the guarded sys.stdout (the support module's replace()).
 ERRORS = "mcp-replace"
 
-# Set by main(): the user's source, the support module (its code or source, compressed), the
-# working directory, the guarded streams. The finder on sys.meta_path. The support module, once
-# made.
+# Set by main(): the user's source, the support module (its code or source, compressed, see
+# main()), the working directory, the guarded streams. The finder on sys.meta_path. The support
+# module, once made.
 _source = b""
 _support_code = b""
 _support_compiled = False
@@ -51,40 +56,56 @@ _finder = type(sys)("_mcp_finder")
 _support_module: "ModuleType | None" = None
 
 
-def main(support: bytes, compiled: bool) -> None:
+def main(bundle: "Sequence[bytes]", compiled: bool, namespace: "dict[str, object]") -> None:
     """Run the user's code as ``__main__``; exit the way ``python`` would have.
 
     Args:
-        support: The support module: its ``marshal``-ed code, or its source; compressed with
-            ``zlib``, which is imported only to make it.
-        compiled: Whether ``support`` is code.
+        bundle: The bundle's record (see ``prelude_files()``), where the support module is: its
+            ``marshal``-ed code, or its source, compressed with ``zlib`` (imported only to make
+            the module).
+        compiled: Whether the support module is to be loaded as code (the prelude was).
+        namespace: The first file's globals. Its module, ``sys.modules["__main__"]``, becomes
+            the user's, emptied: whoever ran the first file (python, ``runpy``, an interpreter
+            kept warm) holds the user's module, and frees the user's objects as it would
+            have freed the first file's.
     """
     global _source, _support_code, _support_compiled, _workdir
-    _support_code, _support_compiled = support, compiled
+    _support_code, _support_compiled = bundle[2 if compiled else 4], compiled
     register_error(ERRORS, _replace)
     for name, errors in (("stdout", ERRORS), ("stderr", "backslashreplace")):
         stream = getattr(sys, name)
-        if type(stream) is TextIOWrapper:  # else there is no such stream (fd closed)
-            # line_buffering and write_through can still be read once detached.
-            stream = _Stream(
-                stream.detach(), "utf-8", errors, "\n", stream.line_buffering, stream.write_through
-            )
-            _guarded.append(stream)
-            setattr(sys, name, stream)
-            setattr(sys, f"__{name}__", stream)
+        if type(stream) is not TextIOWrapper:  # no such stream (a closed descriptor)
+            continue
+        try:
+            line_buffering, write_through = stream.line_buffering, stream.write_through
+            guarded = _Stream(stream.detach(), "utf-8", errors, "\n", line_buffering, write_through)
+        except Exception:
+            continue
+        _guarded.append(guarded)
+        setattr(sys, name, guarded)
+        setattr(sys, f"__{name}__", guarded)
     _workdir = getcwd()
     with open(CODE_NAME, "rb") as code:
         _source = code.read()
-    remove(CODE_NAME)  # the user's directory holds only the user's files
+    for name in (PRELUDE_NAME, BUNDLE_NAME, CODE_NAME):  # the user's directory: the user's files
+        try:
+            remove(name)
+        except OSError:
+            pass
     sys.meta_path.insert(0, _finder)
     # Files sent in (the manifest leaves out those the code leaves alone); modules the hooks
     # come too late for: linecache loaded by a .pth file, matplotlib by a warm interpreter.
     if _has_files() or "linecache" in sys.modules or "matplotlib" in sys.modules:
         _support().start()
-    # No __file__, as with python -c: no file holds the code, and multiprocessing's spawn and
-    # forkserver start methods would try to re-run a __main__ that has one.
-    sys.modules["__main__"] = module = type(sys)("__main__")
-    module.__dict__["__builtins__"] = builtins
+    module = sys.modules.get("__main__")
+    if getattr(module, "__dict__", None) is not namespace:  # run by exec() in a plain dict
+        module = sys.modules["__main__"] = type(sys)("__main__")
+    namespace = vars(module)
+    namespace.clear()
+    # What a new module has, and no __file__, as with python -c: no file holds the code, and
+    # multiprocessing's spawn and forkserver start methods would try to re-run a __main__ that
+    # has one.
+    namespace.update(vars(type(sys)("__main__")), __builtins__=builtins)
     sys.argv[:1] = [CODE_FILENAME]
     status = None
     try:
@@ -93,21 +114,20 @@ def main(support: bytes, compiled: bool) -> None:
         # a script (BOM, coding cookie, bad UTF-8, NUL bytes); a compile error has no frame of
         # the user's and is reported as python reports one. The prelude is compiled with no
         # __future__ imports to pass on.
-        exec(_source, vars(module))
+        exec(_source, namespace)
     except SystemExit as exc:
         status = exc.code
     except BaseException as exc:
         status = _support().report_uncaught(exc)
-    # Figures pyplot may hold open, files to list, bytes held by a stream's buffer, a note: all
-    # after flushing the streams. Else python flushes them, but only after printing the message
-    # of a sys.exit(message): stdout goes first.
+    # Figures pyplot may hold open, files to list, bytes held by a stream's buffer, a note.
     if _support_module or "matplotlib._pylab_helpers" in sys.modules or _has_files():
-        _support().finish()
-    else:
-        try:
-            sys.stdout.flush()
-        except Exception:
-            pass
+        _support().finish()  # flushes the streams too
+    else:  # python would flush only after printing a sys.exit() message: stdout goes first
+        for stream in (sys.stdout, sys.stderr, *_guarded):  # the code may have rebound them
+            try:
+                stream.flush()
+            except Exception:
+                pass
     if status is not None:
         raise SystemExit(status)
 

@@ -284,9 +284,10 @@ def adopt_matplotlib() -> None:
     if pyplot is None:
         return  # the hook on its import will do the rest
     _guard_agg(pyplot)
+    backend = "module://" + BACKEND_MODULE
     try:
-        backend = "module://" + BACKEND_MODULE
-        if pyplot._backend_mod is not None and matplotlib.rcParams._get("backend") == backend:  # type: ignore[union-attr]
+        rc = getattr(matplotlib, "rcParams", None)
+        if pyplot._backend_mod is not None and rc is not None and rc._get("backend") == backend:
             pyplot.switch_backend(backend)
     except Exception:  # then figures are still saved when the run ends
         pass
