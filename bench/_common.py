@@ -1,4 +1,5 @@
-"""What the benchmarks share: loopback ports, servers started as their own processes, percentiles.
+"""What the benchmarks share: loopback ports, servers started as their own processes, percentiles,
+the gateway or evaluator of another checkout (a "before"), process trees and their memory.
 
 Imported as ``_common``: each benchmark runs as a script (``uv run python bench/<name>.py``),
 so its own directory is first on ``sys.path``.
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+#: The repository: the "after" of every before/after comparison.
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -86,3 +90,104 @@ def python_server(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextmanager
+def service_of(
+    checkout: Path,
+    module: str,
+    port: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 90,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m <module>`` (``python_mcp_server`` or ``evaluator``) of ``checkout``, quiet.
+
+    Its code comes first on ``sys.path`` (run from ``checkout``, with ``PYTHONPATH`` set), so a
+    git worktree of an older commit (``git worktree add /tmp/bench-before <commit>``) runs its
+    own code with this environment's interpreter and packages. The gateway gets the built-in
+    evaluator and no token (``SNEKBOX_URL``, ``MCP_AUTH_TOKEN*`` cleared), ``MCP_LOG_LEVEL``
+    warning; ``env`` is added.
+    Ready once ``/readyz`` (gateway) or ``OPTIONS /eval`` (evaluator) answers 200.
+    """
+    environ = {**os.environ, "PYTHONPATH": str(checkout), "MCP_LOG_LEVEL": "warning"}
+    for name in ("SNEKBOX_URL", "MCP_AUTH_TOKEN", "MCP_AUTH_TOKEN_FILE"):
+        environ.pop(name, None)
+    environ |= env or {}
+    url = f"http://127.0.0.1:{port}"
+    if module == "evaluator":
+        args = ["-m", "evaluator", "--port", str(port), "--log-level", "warning"]
+        probe = f"OPTIONS {url}/eval"
+    else:
+        args = ["-m", module, "--host", "127.0.0.1", "--port", str(port)]
+        probe = f"GET {url}/readyz"
+    with python_server(args, probe, env=environ, cwd=checkout, quiet=True, timeout=timeout) as p:
+        yield p
+
+
+def before_checkout(path: str | None) -> Path | None:
+    """The "before" checkout given on the command line, checked to hold the project."""
+    if path is None:
+        return None
+    checkout = Path(path).resolve()
+    if not (checkout / "python_mcp_server.py").is_file():
+        raise SystemExit(
+            f"{checkout} is not a checkout of the project: make one with "
+            f"`git worktree add {checkout} <commit>`"
+        )
+    return checkout
+
+
+# --- Process trees ------------------------------------------------------------------------------
+
+
+def status_kib(pid: int, field_name: str) -> int:
+    """A ``/proc/<pid>/status`` field in KiB (``VmRSS``, ``VmHWM``); 0 once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children of all its threads, recursively), at this moment."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+                found += children
+                todo += children
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def cpu_ticks(pids: list[int]) -> int:
+    """The CPU time (user + system, clock ticks) ``pids`` have used, those alive now."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total
+
+
+def machine_busy() -> float:
+    """The CPU time the whole machine has been busy so far, in seconds (``/proc/stat``).
+
+    Two readings give the CPUs kept busy between them: ``(busy2 - busy1) / elapsed``.
+    """
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:8]]  # user .. softirq
+    del values[3:5]  # idle, iowait
+    return sum(values) / os.sysconf("SC_CLK_TCK")

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import anyio
-from _common import free_port, percentile, python_server
+from _common import descendants, free_port, percentile, python_server, status_kib
 from mcp import Client
 from mcp.client.sse import sse_client
 
@@ -50,32 +50,6 @@ def gateway_on(port: int, default_admission: bool) -> Iterator[subprocess.Popen[
 # --- Memory -------------------------------------------------------------------------------------
 
 
-def _status_kib(pid: int, field_name: str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return 0
-
-
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            for task in os.listdir(f"/proc/{parent}/task"):
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-                found += children
-                todo += children
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return found
-
-
 class MemorySampler:
     """Samples the gateway's RSS and its children's total RSS every 50 ms, in a thread."""
 
@@ -89,9 +63,9 @@ class MemorySampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            self.peak_rss = max(self.peak_rss, _status_kib(self.pid, "VmRSS"))
-            children = _descendants(self.pid)
-            total = sum(_status_kib(child, "VmRSS") for child in children)
+            self.peak_rss = max(self.peak_rss, status_kib(self.pid, "VmRSS"))
+            children = descendants(self.pid)
+            total = sum(status_kib(child, "VmRSS") for child in children)
             self.peak_children = max(self.peak_children, total)
             self.peak_children_count = max(self.peak_children_count, len(children))
 
@@ -106,7 +80,7 @@ class MemorySampler:
     @property
     def hwm(self) -> int:
         """The kernel's own high-water mark of the gateway's RSS."""
-        return _status_kib(self.pid, "VmHWM")
+        return status_kib(self.pid, "VmHWM")
 
 
 # --- The load -----------------------------------------------------------------------------------
@@ -173,7 +147,7 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with gateway_on(port, args.default_admission) as gateway:
-        baseline = _status_kib(gateway.pid, "VmRSS")
+        baseline = status_kib(gateway.pid, "VmRSS")
         with MemorySampler(gateway.pid) as memory:
             tally, total = asyncio.run(load(url, args.sessions, args.calls))
         hwm = memory.hwm
