@@ -107,7 +107,7 @@ async def test_a_run_has_its_own_cgroup_below_the_service_and_an_unprivileged_ui
                 await asyncio.sleep(0.05)
         code = pids[-1]
         cgroup = _cgroup_of(code)
-        assert (cgroup / "memory.max").read_text() == f"{256 * MiB}\n"
+        assert (cgroup / "memory.max").read_text() == f"{evaluator.config.memory_limit * MiB}\n"
         assert (cgroup / "memory.swap.max").read_text() == "0\n"
         assert (cgroup / "pids.max").read_text() == "64\n"
         assert cgroup.parent.name == evaluator.config.cgroup_name
