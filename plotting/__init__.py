@@ -1,6 +1,6 @@
 """The prelude that runs before the user's code in every sandboxed run, and what it promises.
 
-The gateway does not send the user's code as ``python -c code``: it sends three files and runs
+The gateway does not send the user's code as ``python -c code``: it sends two files and runs
 the first, which runs the code::
 
     from plotting import build_request, sort_files
@@ -9,20 +9,20 @@ the first, which runs the code::
     files = sort_files(result.files)  # files.figures: figure_001.png, ... in drawing order
 
 The first file, :data:`PRELUDE_NAME` (``_boot.py``), is a few statements: it loads the prelude
-(``_prelude.py``) from the bundle, :data:`BUNDLE_NAME`, where the prelude and its support module
-(``_support.py``) travel compiled by the gateway's interpreter, with their sources for an
-interpreter with another bytecode format (see :func:`prelude_files`). Snekbox starts a fresh
-interpreter for every run, and compiling the prelude there would cost more than all else it
-does; the support module is loaded only when a run needs it. The prelude removes the three
-files, reads the code from :data:`CODE_NAME` and runs it as ``__main__``: tracebacks show only the
-user's frames (file :data:`CODE_FILENAME`) with the user's line numbers, ``sys.exit(n)`` exits
-with n and an uncaught exception with 1. Every matplotlib figure shown with ``plt.show()`` or
-still open at the end becomes ``figure_NNN.png`` in the working directory (NNN = 001, 002, ...
-in drawing order; a name that already exists is skipped, so a user's file is never overwritten)
-at :data:`FIGURE_DPI`, lowered so that no side exceeds :data:`FIGURE_MAX_PIXELS`; while it is
-being saved it is ``figure_NNN.png.part``. The helper files' names start with ``_``, so Snekbox
-never returns them; figure names do not, so it does. An interpreter that imported matplotlib
-before running the first file (one kept warm) gets the same figures.
+(``_prelude.py``) from the bundle, :data:`BUNDLE_NAME`, which holds the code and, compiled by
+the gateway's interpreter, the prelude and its support module (``_support.py``), with their
+sources for an interpreter with another bytecode format (see :func:`prelude_files`). Snekbox
+starts a fresh interpreter for every run, and compiling the prelude there would cost more than
+all else it does; the support module is loaded only when a run needs it. The prelude removes
+both files and runs the code as ``__main__``: tracebacks show only the user's frames (file
+:data:`CODE_FILENAME`) with the user's line numbers, ``sys.exit(n)`` exits with n and an
+uncaught exception with 1. Every matplotlib figure shown with ``plt.show()`` or still open at
+the end becomes ``figure_NNN.png`` in the working directory (NNN = 001, 002, ... in drawing
+order; a name that already exists is skipped, so a user's file is never overwritten) at
+:data:`FIGURE_DPI`, lowered so that no side exceeds :data:`FIGURE_MAX_PIXELS`; while it is being
+saved it is ``figure_NNN.png.part``. The helper files' names start with ``_``, so Snekbox never
+returns them; figure names do not, so it does. An interpreter that imported matplotlib before
+running the first file (one kept warm) gets the same figures.
 
 What the run writes to ``sys.stdout`` and ``sys.stderr`` (their ``buffer`` included) reaches the
 evaluator as UTF-8, what had to be replaced being said in a note at the end of the output. A run
@@ -31,6 +31,7 @@ return; :func:`sort_files` reads it. Everything the run leaves, that list includ
 by code the user controls: :func:`read_manifest` treats it as hostile.
 """
 
+import ast
 import functools
 import importlib.resources
 import importlib.util
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 
 from snekbox_client import EvalRequest, File
 
-from ._prelude import BUNDLE_NAME, CODE_FILENAME, CODE_NAME, PRELUDE_NAME
+from ._prelude import BUNDLE_NAME, CODE_FILENAME, PRELUDE_NAME
 from ._support import (
     FIGURE_DPI,
     FIGURE_MAX_PIXELS,
@@ -54,7 +55,6 @@ from ._support import (
 __all__ = [
     "BUNDLE_NAME",
     "CODE_FILENAME",
-    "CODE_NAME",
     "FIGURE_DPI",
     "FIGURE_MAX_PIXELS",
     "FIGURE_PATTERN",
@@ -85,42 +85,80 @@ _MANIFEST_RECORD = re.compile(rb"([0-9]{1,20}) (.+)", re.DOTALL)
 
 
 @functools.cache
-def prelude_files() -> tuple[File, File]:
-    """The first file and the bundle, as sent with every request (made once).
-
-    The bundle is one ``marshal`` record, readable by any Python 3: ``(magic, prelude code,
-    support code, prelude source, support source)``. ``magic`` is this interpreter's bytecode
-    magic number (``importlib.util.MAGIC_NUMBER``), the code is compiled here, each ``marshal``-ed
-    on its own; what only some runs load (the support module's code, or its source) is
-    compressed with ``zlib``. ``_boot.py`` loads the compiled prelude when its interpreter has the
-    same magic number, else it compiles the prelude's source, and the prelude does the same with
-    the support module when a run needs it.
-    """
+def _prelude_parts() -> tuple[bytes, tuple[bytes, bytes, bytes], bytes]:
+    """The first file, what the bundle's head holds of the prelude, the bundle's tail."""
     package = importlib.resources.files(__name__)
-    boot, prelude, support = (
-        package.joinpath(name).read_bytes() for name in ("_boot.py", "_prelude.py", "_support.py")
+    boot = package.joinpath("_boot.py").read_bytes()
+    (prelude_code, prelude), (support_code, support) = (
+        _compiled_and_source(package.joinpath(name).read_bytes(), filename)
+        for name, filename in (("_prelude.py", "<mcp-prelude>"), ("_support.py", "<mcp-support>"))
     )
-    prelude_code, support_code = (
-        # optimize=2: no docstrings (asserts and __debug__ are not used).
-        marshal.dumps(compile(source, filename, "exec", dont_inherit=True, optimize=2))
-        for source, filename in ((prelude, "<mcp-prelude>"), (support, "<mcp-support>"))
+    tail = marshal.dumps((zlib.compress(support_code, 9), zlib.compress(support, 9)), 4)
+    return boot, (importlib.util.MAGIC_NUMBER, prelude_code, prelude), tail
+
+
+def _compiled_and_source(source: bytes, filename: str) -> tuple[bytes, bytes]:
+    """A module's code, compiled here and ``marshal``-ed, and its source, as they travel: with
+    no docstrings, annotations or comments, which nothing reads at run time (bytes each run
+    would pay for). Line numbers are the file's in the code, not in the source."""
+    tree = ast.parse(source, filename)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            node.returns = None
+            arguments = node.args
+            for arg in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs):
+                arg.annotation = None
+            for rest in (arguments.vararg, arguments.kwarg):
+                if rest is not None:
+                    rest.annotation = None
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and _is_docstring(node):
+            del node.body[0]
+        for field in ("body", "orelse", "finalbody"):
+            statements = getattr(node, field, None)
+            if not isinstance(statements, list):
+                continue
+            for index, statement in enumerate(statements):
+                if isinstance(statement, ast.AnnAssign) and statement.value is not None:
+                    assign = ast.Assign([statement.target], statement.value)
+                    statements[index] = ast.copy_location(assign, statement)
+            if field == "body" and not statements:
+                statements.append(ast.copy_location(ast.Pass(), node))
+    ast.fix_missing_locations(tree)
+    code = compile(tree, filename, "exec", dont_inherit=True, optimize=2)  # asserts: none
+    return marshal.dumps(code), ast.unparse(tree).encode()
+
+
+def _is_docstring(node: ast.Module | ast.ClassDef | ast.FunctionDef) -> bool:
+    first = node.body[0] if node.body else None
+    return (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
     )
-    record = (
-        importlib.util.MAGIC_NUMBER,
-        prelude_code,
-        zlib.compress(support_code, 9),
-        prelude,
-        zlib.compress(support, 9),
-    )
-    return File(PRELUDE_NAME, boot), File(BUNDLE_NAME, marshal.dumps(record, 4))
+
+
+def prelude_files(code: bytes) -> tuple[File, File]:
+    """The two files of the request that runs ``code``: the first file and the bundle.
+
+    The bundle is two ``marshal`` records, readable by any Python 3. The head, ``(magic,
+    prelude code, prelude source, code, size of the tail)``: ``magic`` is this interpreter's
+    bytecode magic number (``importlib.util.MAGIC_NUMBER``), the prelude's code is compiled
+    here, ``marshal``-ed (see :func:`_compiled_and_source`). The tail, ``(support code, support
+    source)``, compressed with ``zlib``: read only by a run that needs the support module.
+    ``_boot.py`` loads the compiled prelude when its interpreter has the same magic number, else
+    it compiles the prelude's source, and the prelude does the same with the support module.
+    """
+    boot, (magic, prelude_code, prelude_source), tail = _prelude_parts()
+    head = marshal.dumps((magic, prelude_code, prelude_source, code, len(tail)), 4)
+    return File(PRELUDE_NAME, boot), File(BUNDLE_NAME, head + tail)
 
 
 def build_request(code: str, *, executable_path: str | None = None) -> EvalRequest:
     """The ``POST /eval`` request that runs ``code`` under the prelude.
 
-    The code travels as a file, not as an argument (an argument is limited to 128 KiB), encoded
-    as UTF-8; lone surrogates pass through, and the prelude reports them as a syntax error, as
-    ``python`` would for such a script.
+    The code travels in the bundle (see :func:`prelude_files`), not as an argument (an argument
+    is limited to 128 KiB), encoded as UTF-8; lone surrogates pass through, and the prelude
+    reports them as a syntax error, as ``python`` would for such a script.
 
     Args:
         code: The user's Python source.
@@ -128,7 +166,7 @@ def build_request(code: str, *, executable_path: str | None = None) -> EvalReque
     """
     return EvalRequest(
         args=[PRELUDE_NAME],
-        files=(*prelude_files(), File(CODE_NAME, code.encode("utf-8", "surrogatepass"))),
+        files=prelude_files(code.encode("utf-8", "surrogatepass")),
         executable_path=executable_path,
     )
 

@@ -1,10 +1,10 @@
 """The first file of every run: loads the prelude and starts it (see ``plotting/__init__.py``).
 
-The interpreter compiles this file on every run, so it is kept to a few statements. The prelude
-and its support module come in the bundle (see ``prelude_files()``) compiled by the gateway's
-interpreter: the prelude is loaded here, the support module only when a run needs it. An
-interpreter with another bytecode format (magic number) compiles their sources instead. The
-prelude removes the files before the user's code runs.
+The interpreter compiles this file on every run, so it is kept to a few statements. The bundle
+(see ``prelude_files()``) holds the user's code and the prelude and its support module compiled
+by the gateway's interpreter: the prelude is loaded here, the support module only when a run
+needs it. An interpreter with another bytecode format (magic number) compiles their sources
+instead. The prelude removes both files before the user's code runs.
 """
 
 import marshal
@@ -12,11 +12,12 @@ import sys
 
 if __name__ == "__main__":
     with open("_mcp_prelude.bin", "rb") as _boot_file:
-        _boot = marshal.loads(_boot_file.read())
+        _boot_data = _boot_file.read()
+    _boot = marshal.loads(_boot_data)  # the head; the tail is read when needed
     _boot_compiled = _boot[0] == getattr(
         sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None
     )
     _boot_prelude = {"__name__": "_mcp_prelude"}
-    exec(marshal.loads(_boot[1]) if _boot_compiled else _boot[3], _boot_prelude)
+    exec(marshal.loads(_boot[1]) if _boot_compiled else _boot[2], _boot_prelude)
     # This namespace becomes the user's: whoever ran this file holds the user's module then.
-    _boot_prelude["main"](_boot, _boot_compiled, globals())  # type: ignore[operator]
+    _boot_prelude["main"](_boot, _boot_data, _boot_compiled, globals())  # type: ignore[operator]

@@ -33,10 +33,9 @@ if TYPE_CHECKING:
     from io import BufferedIOBase
     from types import ModuleType
 
-# The files of a run: the first (``_boot.py``), the bundle, the user's code.
+# The files of a run: the first (``_boot.py``), the bundle (see prelude_files()).
 PRELUDE_NAME = "_mcp_prelude.py"
 BUNDLE_NAME = "_mcp_prelude.bin"
-CODE_NAME = "_mcp_code.py"
 # The name python -c gives its code: exec() of a string uses it, and compile() is avoided.
 CODE_FILENAME = "<string>"
 # Imports handed to the support module (see its find_spec()); all others cost one set lookup.
@@ -44,11 +43,12 @@ WATCHED_IMPORTS = frozenset({"_mcp_backend", "matplotlib", "matplotlib.pyplot", 
 # The error handler of the guarded sys.stdout (the support module's replace()).
 ERRORS = "mcp-replace"
 
-# Set by main(): the user's source, the support module (its code or source, compressed, see
-# main()), the working directory, the guarded streams. The finder on sys.meta_path. The support
-# module, once made.
+# Set by main(): the user's source, the bundle and its tail's size (the support module) and
+# whether to load code from it, the working directory, the guarded streams. The finder on
+# sys.meta_path. The support module, once made.
 _source = b""
-_support_code = b""
+_bundle = b""
+_tail_size = 0
 _support_compiled = False
 _workdir = "."
 _guarded: "list[_Stream]" = []
@@ -56,21 +56,26 @@ _finder = type(sys)("_mcp_finder")
 _support_module: "ModuleType | None" = None
 
 
-def main(bundle: "Sequence[bytes]", compiled: bool, namespace: "dict[str, object]") -> None:
+def main(
+    head: "tuple[bytes, bytes, bytes, bytes, int]",
+    bundle: bytes,
+    compiled: bool,
+    namespace: "dict[str, object]",
+) -> None:
     """Run the user's code as ``__main__``; exit the way ``python`` would have.
 
     Args:
-        bundle: The bundle's record (see ``prelude_files()``), where the support module is: its
-            ``marshal``-ed code, or its source, compressed with ``zlib`` (imported only to make
-            the module).
+        head: The bundle's head (see ``prelude_files()``): the user's code, the tail's size.
+        bundle: The bundle, whose tail is the support module: its ``marshal``-ed code and its
+            source, compressed with ``zlib`` (imported only to make the module).
         compiled: Whether the support module is to be loaded as code (the prelude was).
         namespace: The first file's globals. Its module, ``sys.modules["__main__"]``, becomes
             the user's, emptied: whoever ran the first file (python, ``runpy``, an interpreter
             kept warm) holds the user's module, and frees the user's objects as it would
             have freed the first file's.
     """
-    global _source, _support_code, _support_compiled, _workdir
-    _support_code, _support_compiled = bundle[2 if compiled else 4], compiled
+    global _source, _bundle, _tail_size, _support_compiled, _workdir
+    _source, _bundle, _tail_size, _support_compiled = head[3], bundle, head[4], compiled
     register_error(ERRORS, _replace)
     for name, errors in (("stdout", ERRORS), ("stderr", "backslashreplace")):
         stream = getattr(sys, name)
@@ -85,9 +90,7 @@ def main(bundle: "Sequence[bytes]", compiled: bool, namespace: "dict[str, object
         setattr(sys, name, guarded)
         setattr(sys, f"__{name}__", guarded)
     _workdir = getcwd()
-    with open(CODE_NAME, "rb") as code:
-        _source = code.read()
-    for name in (PRELUDE_NAME, BUNDLE_NAME, CODE_NAME):  # the user's directory: the user's files
+    for name in (PRELUDE_NAME, BUNDLE_NAME):  # the user's directory holds the user's files
         try:
             remove(name)
         except OSError:
@@ -189,7 +192,8 @@ def _support() -> "ModuleType":
         module = sys.modules["_mcp_support"] = type(sys)("_mcp_support")
         import zlib
 
-        data = zlib.decompress(_support_code)
+        tail = marshal.loads(_bundle[-_tail_size:])
+        data = zlib.decompress(tail[0 if _support_compiled else 1])
         if _support_compiled:
             code = marshal.loads(data)
         else:  # an interpreter with another bytecode format than the gateway's

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from plotting import BUNDLE_NAME, CODE_NAME, PRELUDE_NAME, build_request
+from plotting import BUNDLE_NAME, PRELUDE_NAME, build_request, prelude_files
 from snekbox_client import EvalRequest, File
 
 #: The project's interpreter (the venv's, so matplotlib is importable), with the flags a
@@ -99,8 +99,9 @@ def from_source(request: EvalRequest) -> EvalRequest:
     files = []
     for file in request.files:
         if file.path == BUNDLE_NAME:
-            _, *rest = marshal.loads(file.content)
-            file = File(BUNDLE_NAME, marshal.dumps((b"\0\0\0\0", *rest)))
+            _, *head = marshal.loads(file.content)
+            tail = file.content[-head[-1] :]
+            file = File(BUNDLE_NAME, marshal.dumps((b"\0\0\0\0", *head), 4) + tail)
         files.append(file)
     return EvalRequest(args=request.args, files=files)
 
@@ -127,8 +128,7 @@ def runner(workdir: Path) -> RunCode:
         if isinstance(code, str):
             request = build_request(code)
         else:
-            *helpers, _ = build_request("").files
-            request = EvalRequest(args=[PRELUDE_NAME], files=(*helpers, File(CODE_NAME, code)))
+            request = EvalRequest(args=[PRELUDE_NAME], files=prelude_files(code))
         if not compiled:
             request = from_source(request)
         return run_request(request, workdir, extra_env=extra_env, warm=warm)

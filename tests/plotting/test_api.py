@@ -1,5 +1,6 @@
 """The package's public surface: the request it builds and the names it promises."""
 
+import ast
 import importlib.util
 import marshal
 import re
@@ -12,7 +13,6 @@ import pytest
 import plotting
 from plotting import (
     BUNDLE_NAME,
-    CODE_NAME,
     MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
     PNG_SIGNATURE,
@@ -34,7 +34,6 @@ def test_exported_members() -> None:
     assert set(plotting.__all__) == {
         "BUNDLE_NAME",
         "CODE_FILENAME",
-        "CODE_NAME",
         "FIGURE_DPI",
         "FIGURE_MAX_PIXELS",
         "FIGURE_PATTERN",
@@ -60,12 +59,8 @@ def test_build_request_sends_the_prelude_and_the_code_as_files() -> None:
     request = build_request("print('é')", executable_path="/usr/bin/python3")
     assert request.input is None
     assert list(request.args or ()) == [PRELUDE_NAME]
-    boot, bundle = prelude_files()
-    assert [(f.path, f.content) for f in request.files] == [
-        (PRELUDE_NAME, boot.content),
-        (BUNDLE_NAME, bundle.content),
-        (CODE_NAME, "print('é')".encode()),
-    ]
+    assert list(request.files) == list(prelude_files("print('é')".encode()))
+    assert [f.path for f in request.files] == [PRELUDE_NAME, BUNDLE_NAME]
     assert request.executable_path == "/usr/bin/python3"
     body = request.to_json()
     assert set(body) == {"args", "files", "executable_path"}
@@ -74,7 +69,7 @@ def test_build_request_sends_the_prelude_and_the_code_as_files() -> None:
 
 def test_helper_files_are_never_returned_and_figures_are() -> None:
     # Snekbox returns files matching **/[!_]* that are not hidden.
-    for name in (PRELUDE_NAME, BUNDLE_NAME, CODE_NAME):
+    for name in (PRELUDE_NAME, BUNDLE_NAME):
         assert name.startswith("_")
     assert not is_figure(PRELUDE_NAME) and is_figure("figure_001.png")
     # The manifest is returned, and first among names in path order ("!" sorts before them).
@@ -85,16 +80,35 @@ def test_helper_files_are_never_returned_and_figures_are() -> None:
 
 def test_the_first_file_is_the_packaged_boot_and_the_bundle_holds_the_rest() -> None:
     package = Path(plotting.__file__).parent
-    boot, bundle = prelude_files()
+    boot, bundle = prelude_files(b"print(1)")
     assert boot.content == (package / "_boot.py").read_bytes()
-    magic, prelude, support, prelude_source, support_source = marshal.loads(bundle.content)
-    assert magic == importlib.util.MAGIC_NUMBER
-    assert prelude_source == (package / "_prelude.py").read_bytes()
-    assert zlib.decompress(support_source) == (package / "_support.py").read_bytes()
+    magic, prelude, prelude_source, code, tail_size = marshal.loads(bundle.content)
+    assert (magic, code) == (importlib.util.MAGIC_NUMBER, b"print(1)")
+    support, support_source = marshal.loads(bundle.content[-tail_size:])
+    sources = {"_prelude.py": prelude_source, "_support.py": zlib.decompress(support_source)}
+    for name, source in sources.items():
+        # The same module, without what nothing reads at run time.
+        original = (package / name).read_text()
+        assert _names(source.decode()) == _names(original)
+        assert len(source) < len(original) / 1.5 and b'"""' not in source and b"# " not in source
     assert marshal.loads(prelude).co_filename == "<mcp-prelude>"
     assert marshal.loads(zlib.decompress(support)).co_filename == "<mcp-support>"
-    # Small: the first file is compiled by every run, the rest only loaded.
+    # Small: the first file is compiled by every run, the rest only loaded; the whole is what
+    # the files were when the prelude and support module traveled as sources.
     assert len(boot.content) < 2048
+    assert len(boot.content) + len(bundle.content) < 32 * 1024
+
+
+def _names(source: str) -> list[str]:
+    """The names a module defines at its top level, in order."""
+    names = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.extend(ast.unparse(target) for target in targets)
+    return names
 
 
 @pytest.mark.parametrize("source", ["_boot.py", "_prelude.py", "_support.py"])
