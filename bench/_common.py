@@ -66,14 +66,16 @@ def python_server(
     cwd: Path | None = None,
     quiet: bool = False,
     timeout: float = 60,
+    python: str | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``python <args>`` (this interpreter) once ``probe`` answers 200; terminated on exit.
 
-    ``env`` is the whole environment (default: this one's); ``quiet`` discards its output.
+    ``env`` is the whole environment (default: this one's); ``quiet`` discards its output;
+    ``python``: another interpreter (another environment's).
     """
     output = subprocess.DEVNULL if quiet else None
     process = subprocess.Popen(
-        [sys.executable, *args],
+        [python or sys.executable, *args],
         cwd=cwd,
         env=dict(os.environ if env is None else env),
         stdin=subprocess.DEVNULL,
@@ -100,14 +102,15 @@ def service_of(
     *,
     env: Mapping[str, str] | None = None,
     timeout: float = 90,
+    python: str | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``python -m <module>`` (``python_mcp_server`` or ``evaluator``) of ``checkout``, quiet.
 
     Its code comes first on ``sys.path`` (run from ``checkout``, with ``PYTHONPATH`` set), so a
     git worktree of an older commit (``git worktree add /tmp/bench-before <commit>``) runs its
-    own code with this environment's interpreter and packages. The gateway gets the built-in
-    evaluator and no token (``SNEKBOX_URL``, ``MCP_AUTH_TOKEN*`` cleared), ``MCP_LOG_LEVEL``
-    warning; ``env`` is added.
+    own code with this environment's interpreter and packages (``python``: another's). The
+    gateway gets the built-in evaluator and no token (``SNEKBOX_URL``, ``MCP_AUTH_TOKEN*``
+    cleared), ``MCP_LOG_LEVEL`` warning; ``env`` is added.
     Ready once ``/readyz`` (gateway) or ``OPTIONS /eval`` (evaluator) answers 200.
     """
     environ = {**os.environ, "PYTHONPATH": str(checkout), "MCP_LOG_LEVEL": "warning"}
@@ -121,7 +124,9 @@ def service_of(
     else:
         args = ["-m", module, "--host", "127.0.0.1", "--port", str(port)]
         probe = f"GET {url}/readyz"
-    with python_server(args, probe, env=environ, cwd=checkout, quiet=True, timeout=timeout) as p:
+    with python_server(
+        args, probe, env=environ, cwd=checkout, quiet=True, timeout=timeout, python=python
+    ) as p:
         yield p
 
 

@@ -20,7 +20,11 @@ out. ``--only print`` or ``--only plot`` runs the throughput of one script.
 /tmp/bench-before 39914de``: the commit before warm sandboxes), and runs every throughput block
 against both, one after the other, the order alternating from block to block, then prints
 after/before per client count; ``--no-warm`` adds this tree's evaluator with warm sandboxes
-turned off, to tell their share; ``--repeat`` runs more blocks of each, their rates pooled.
+turned off, to tell their share; ``--before-python`` runs the "before" evaluator with another
+environment's interpreter (one made without bytecode, as environments were before
+``compile-bytecode``: ``uv venv /tmp/venv-plain && VIRTUAL_ENV=/tmp/venv-plain uv pip install
+--no-compile -r <(uv export --no-hashes)``); ``--repeat`` runs more blocks of each, their
+rates pooled.
 Target: after/before at least 0.9 for ``print(1)`` (the issue's reference: 31 / 60 / 64 / 62
 evals/s at 1 / 2 / 4 / 8 clients) and above 1 for the plot. ``-n 0`` skips the latency part.
 On 2 CPUs with ``--before``, the latency and ``print(1)`` take about 1.5 minutes and the plot
@@ -28,7 +32,7 @@ On 2 CPUs with ``--before``, the latency and ``print(1)`` take about 1.5 minutes
 
     uv run python bench/bench_evaluator.py [-n 100] [--per-client 25] [--plot-runs 6]
         [--settle 1] [--repeat 1] [--clients 1,2,4,8] [--only print|plot]
-        [--before /tmp/bench-before] [--no-warm]
+        [--before /tmp/bench-before] [--before-python /tmp/venv-plain/bin/python] [--no-warm]
 """
 
 from __future__ import annotations
@@ -79,6 +83,11 @@ def main() -> None:
     )
     parser.add_argument("--before", help="a checkout of the 'before' commit, for its evaluator")
     parser.add_argument(
+        "--before-python",
+        help="the interpreter of the 'before' evaluator (default: this one), e.g. of an "
+        "environment made without bytecode, as before it was compiled",
+    )
+    parser.add_argument(
         "--no-warm",
         action="store_true",
         help=f"a third service in the throughput: this tree's evaluator with {NO_WARM}",
@@ -94,12 +103,16 @@ def main() -> None:
         for name, checkout in checkouts.items():
             port = free_port()
             env = dict([NO_WARM.split("=")]) if name == "no warm" else {}
-            stack.enter_context(service_of(checkout, "evaluator", port, env=env, timeout=30))
+            python = args.before_python if name == "before" else None
+            stack.enter_context(
+                service_of(checkout, "evaluator", port, env=env, timeout=30, python=python)
+            )
             urls[name] = f"http://127.0.0.1:{port}"
         print(f"interpreter: {interpreter}   CPUs: {os.cpu_count()}   n={args.n}")
         for name, checkout in checkouts.items():
             settings = NO_WARM if name == "no warm" else "defaults"
-            print(f"  {name}: python -m evaluator of {checkout}, {settings}")
+            python = args.before_python if name == "before" and args.before_python else "this"
+            print(f"  {name}: python -m evaluator of {checkout}, {settings}, {python} python")
         if args.n:
             _latency({k: v for k, v in urls.items() if k != "no warm"}, interpreter, args.n)
         scripts = (

@@ -20,6 +20,7 @@ Target: the gateway's p50 at most 0.25 x the bare interpreter's. A round of the 
 about 8 s on 2 CPUs (15 rounds: 2.5 minutes, with the start).
 
     uv run python bench/bench_plot.py [-n 15] [--gap 1.5] [--before /tmp/bench-before]
+        [--before-python /tmp/venv-plain/bin/python]
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=15, help="calls of each way (default 15)")
     parser.add_argument("--gap", type=float, default=1.5, help="seconds between calls (1.5)")
     parser.add_argument("--before", help="a checkout of the 'before' commit, for its gateway")
+    parser.add_argument(
+        "--before-python",
+        help="the interpreter of the 'before' gateway (default: this one), e.g. of an "
+        "environment made without bytecode (see bench_evaluator.py)",
+    )
     args = parser.parse_args()
     before = before_checkout(args.before)
 
@@ -59,7 +65,8 @@ def main() -> None:
         urls = {}
         for name, checkout in checkouts.items():
             port = free_port()
-            stack.enter_context(service_of(checkout, "python_mcp_server", port))
+            python = args.before_python if name == "gateway before" else None
+            stack.enter_context(service_of(checkout, "python_mcp_server", port, python=python))
             urls[name] = f"http://127.0.0.1:{port}"
         samples, busy = asyncio.run(measure(urls, args.n, args.gap))
 

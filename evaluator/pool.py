@@ -10,8 +10,10 @@ Warm sandboxes (:meth:`SandboxPool.start_warming`) go further: bwrap and the int
 started, and the agent (:mod:`._agent`) imports the modules a run is likely to need, before the
 run arrives. They are made only with spare capacity: their cgroup has the least CPU weight until
 it is used (so their imports take only CPU time no run wants), or, without a cpu cgroup, they
-are made one at a time and only while no run is in progress. A run takes a warm sandbox only
-once it is warm; else it takes a cold one, as without them.
+are made one at a time. Either way they are started only once no run has been in progress for
+:data:`WARM_AFTER_IDLE` seconds: under a steady stream of runs, the imports a run does not use
+would take CPU time from the service itself. A run takes a warm sandbox only once it is warm;
+else it takes a cold one, as without them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +51,8 @@ class Sandbox:
 
 
 _ANSWER_FIRST = 0.002
+#: Seconds without a run in progress before warm sandboxes are started (see the module).
+WARM_AFTER_IDLE = 0.25
 
 
 class SandboxPool:
@@ -100,7 +105,8 @@ class SandboxPool:
         # idle; those still importing, and those ready.
         self._agent: Callable[[Workdir], list[str]] | None = None
         self._warm_target = 0
-        self._idle: Callable[[], bool] = lambda: True
+        self._idle_since: Callable[[], float | None] = lambda: None
+        self._warm_timer: asyncio.TimerHandle | None = None
         self._warming: list[Sandbox] = []
         self._warm: list[Sandbox] = []
         #: Runs that took a warm sandbox.
@@ -146,13 +152,17 @@ class SandboxPool:
         return self._warm.pop()
 
     def start_warming(
-        self, agent: Callable[[Workdir], list[str]], count: int, idle: Callable[[], bool]
+        self,
+        agent: Callable[[Workdir], list[str]],
+        count: int,
+        idle_since: Callable[[], float | None],
     ) -> None:
         """Keep ``count`` warm sandboxes, running ``agent(workdir)`` (bwrap's command line).
 
-        ``idle``: whether no run is in progress (warming waits for it without a cpu cgroup).
+        ``idle_since``: when (``time.monotonic()``) the last run ended, ``None`` while one is in
+        progress; the pool is refilled when a run ends, so it waits for idleness from there.
         """
-        self._agent, self._warm_target, self._idle = agent, count, idle
+        self._agent, self._warm_target, self._idle_since = agent, count, idle_since
         self._warm_up()
 
     def prepare(self, *, warm: bool = False) -> Sandbox:
@@ -242,12 +252,20 @@ class SandboxPool:
 
     def _warm_up(self) -> None:
         """Start warm sandboxes until ``count`` of them are warm or warming (see the module)."""
+        if self._agent is None or self._closing or self._warm_timer is not None:
+            return
+        idle_since = self._idle_since()
+        if idle_since is None:
+            return
+        wait = idle_since + WARM_AFTER_IDLE - time.monotonic()
+        if wait > 0:
+            self._warm_timer = asyncio.get_running_loop().call_later(wait, self._warm_later)
+            return
         background = self._cgroups.cpu is not None
         while (
-            self._agent is not None
-            and not self._closing
+            not self._closing
             and len(self._warm) + len(self._warming) < self._warm_target
-            and (background or (not self._warming and self._idle()))
+            and (background or not self._warming)
         ):
             try:
                 sandbox = self.prepare(warm=True)
@@ -257,6 +275,10 @@ class SandboxPool:
             self._warming.append(sandbox)
             sandbox.process.release(self._agent(sandbox.workdir), None)
             sandbox.process.watch(self._watcher(sandbox))
+
+    def _warm_later(self) -> None:
+        self._warm_timer = None
+        self._warm_up()
 
     def _watcher(self, sandbox: Sandbox) -> Callable[[bytes], bool]:
         """What reads a warming agent's output: the launcher's mount, then the agent's WARM."""
@@ -299,6 +321,9 @@ class SandboxPool:
     async def aclose(self) -> None:
         """Wait for every disposal, then dispose of the ready sandboxes."""
         self._closing = True
+        if self._warm_timer is not None:
+            self._warm_timer.cancel()
+            self._warm_timer = None
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for waiting in (self._ready, self._warm, self._warming):

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -74,6 +75,8 @@ class Evaluator:
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._waiting = 0
         self._running = 0
+        # When the last run ended (see SandboxPool.start_warming); none yet: idle since ever.
+        self._idle_since = float("-inf")
         self._pool: SandboxPool | None = None
         self._fontlist_task: asyncio.Task[None] | None = None
         self._bytecode_task: asyncio.Future[None] | None = None
@@ -285,6 +288,7 @@ class Evaluator:
             yield
         finally:
             self._running -= 1
+            self._idle_since = time.monotonic()
             self._slots.release()
 
     async def _run_in(
@@ -427,9 +431,11 @@ class Evaluator:
             await pool.dispose(sandbox)
             # After the font list: a warm agent importing pyplot would otherwise build its own.
             if self.config.warm_sandboxes and not self._closing:
-                pool.start_warming(
-                    self._agent_argv, self.config.warm_sandboxes, lambda: self._running == 0
-                )
+                pool.start_warming(self._agent_argv, self.config.warm_sandboxes, self._idle)
+
+    def _idle(self) -> float | None:
+        """When the last run ended; ``None`` while a run is in progress."""
+        return None if self._running else self._idle_since
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

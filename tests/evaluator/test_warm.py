@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 from evaluator import Evaluator
+from evaluator.pool import WARM_AFTER_IDLE
 from snekbox_client import EvalRequest, EvalResult, File
 from tests.gateway.harness import WARM_AGENT, descendants
 
@@ -200,6 +201,22 @@ async def test_warming_that_fails_turns_itself_off_and_runs_go_on() -> None:
                 await asyncio.sleep(0.05)
         result = await ev.run(EvalRequest(args=("-c", "print('cold')")))
         assert (result.returncode, result.stdout, ev.warm_sandboxes) == (0, "cold\n", 0)
+
+
+async def test_warming_waits_until_runs_stop_coming() -> None:
+    """Under a steady stream of runs no sandbox is warmed (it would take the service's CPU)."""
+    async with Evaluator(config(warm_sandboxes=1, preimport=("json",))) as warm:
+        await until_warm(warm)
+        await warm.run(EvalRequest(args=("-c", "pass")))
+        assert (warm.warm_runs, warm.warm_sandboxes) == (1, 0)
+        # Runs a client's round trip apart for several times the idle delay: nothing warms.
+        stream_ends = time.monotonic() + 6 * WARM_AFTER_IDLE
+        while time.monotonic() < stream_ends:
+            result = await warm.run(EvalRequest(args=("-c", "pass")))
+            assert result.returncode == 0, result.stdout
+            await asyncio.sleep(WARM_AFTER_IDLE / 10)
+        assert (warm.warm_runs, warm.warm_sandboxes) == (1, 0)
+        await until_warm(warm)  # and once they stop, it does
 
 
 def running_agents() -> set[int]:
