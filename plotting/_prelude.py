@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from importlib.machinery import ModuleSpec
     from io import BufferedIOBase
-    from types import ModuleType
+    from types import CodeType, ModuleType
 
 # The files of a run: the first (``_boot.py``), the bundle (see prelude_files()).
 PRELUDE_NAME = "_mcp_prelude.py"
@@ -42,6 +42,13 @@ CODE_FILENAME = "<string>"
 WATCHED_IMPORTS = frozenset({"_mcp_backend", "matplotlib", "matplotlib.pyplot", "linecache"})
 # The error handler of the guarded sys.stdout (the support module's replace()).
 ERRORS = "mcp-replace"
+# A last expression's value is shown as its repr, cut in the middle beyond this many characters.
+SHOWN_MAX_CHARS = 10_000
+# First words of a last line that is not an expression statement, or whose value is None.
+_NOT_SHOWN = frozenset(
+    b"import from def class for while if elif else try except finally with async return "
+    b"raise pass break continue del global nonlocal assert print".split()
+)
 
 # Set by main(): the user's source, the bundle and its tail's size (the support module) and
 # whether to load code from it, the working directory, the guarded streams. The finder on
@@ -112,12 +119,13 @@ def main(
     sys.argv[:1] = [CODE_FILENAME]
     status = None
     try:
-        # exec() of the bytes, not compile(): compile() first builds the ast module's types,
-        # about 10 million instructions that every run would pay. Bytes are read as python reads
-        # a script (BOM, coding cookie, bad UTF-8, NUL bytes); a compile error has no frame of
-        # the user's and is reported as python reports one. The prelude is compiled with no
-        # __future__ imports to pass on.
-        exec(_source, namespace)
+        # exec() of the bytes: read as python reads a script (BOM, coding cookie, bad UTF-8,
+        # NUL bytes); a compile error has no frame of the user's and is reported as python
+        # reports one. The prelude is compiled with no __future__ imports to pass on.
+        code, last = _split(_source) if _may_end_with_expression(_source) else (_source, None)
+        exec(code, namespace)
+        if last is not None:
+            _show(eval(last, namespace))
     except SystemExit as exc:
         status = exc.code
     except BaseException as exc:
@@ -133,6 +141,61 @@ def main(
                 pass
     if status is not None:
         raise SystemExit(status)
+
+
+def _show(value: object) -> None:
+    """Print a last expression's value as a notebook shows it: its ``repr``, bounded; nothing
+    for ``None`` or for matplotlib's objects (their figure comes back as an image)."""
+    items = value if isinstance(value, list | tuple) and value else (value,)
+    if value is None or all(type(item).__module__.startswith("matplotlib") for item in items):
+        return
+    text = repr(value)
+    if len(text) > SHOWN_MAX_CHARS:
+        cut = SHOWN_MAX_CHARS // 2
+        text = f"{text[:cut]} ... [{len(text) - 2 * cut:,} characters cut] ... {text[-cut:]}"
+    print(text)
+
+
+def _may_end_with_expression(source: bytes) -> bool:
+    """Whether the last statement may be an expression, whose value a notebook would show.
+
+    Parsing costs about as much as compiling again, so a last line that plainly is not one
+    (a statement keyword, or ``print(...)``, whose value is None) is not parsed; nor one that
+    ends with ``;``, which hides the value, as in IPython."""
+    for line in reversed(source.splitlines()):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(b"#"):
+            continue
+        if stripped.endswith(b";"):
+            return False
+        if line[:1] in b" \t)]}":  # within a statement that began above
+            return True
+        stripped = stripped.rsplit(b";", 1)[-1].strip() or stripped  # the last statement
+        word = stripped.split(None, 1)[0].split(b"(", 1)[0].rstrip(b":")
+        return word not in _NOT_SHOWN and not word.startswith(b"@")
+    return False
+
+
+def _split(source: bytes) -> "tuple[bytes | CodeType, CodeType | None]":
+    """The code to run, and apart, its last statement's expression to show, if it is one.
+
+    ``_ast``, not ``ast``: importing ``ast`` would cost more than the parse."""
+    import _ast
+
+    try:
+        tree = compile(source, CODE_FILENAME, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
+        if not isinstance(tree, _ast.Module):
+            return source, None
+        last = tree.body[-1] if tree.body else None
+        if not isinstance(last, _ast.Expr):
+            return compile(tree, CODE_FILENAME, "exec", dont_inherit=True), None
+        body = _ast.Module(tree.body[:-1], tree.type_ignores)
+        return (
+            compile(body, CODE_FILENAME, "exec", dont_inherit=True),
+            compile(_ast.Expression(last.value), CODE_FILENAME, "eval", dont_inherit=True),
+        )
+    except Exception:  # a syntax error (or a tree too deep): exec() of the source reports it
+        return source, None
 
 
 def find_spec(
@@ -199,6 +262,8 @@ def _support() -> "ModuleType":
         else:  # an interpreter with another bytecode format than the gateway's
             code = compile(data, "<mcp-support>", "exec", dont_inherit=True)
         exec(code, vars(module))
-        module.configure(workdir=_workdir, source=_source, hide=main.__code__, streams=_guarded)
+        module.configure(
+            workdir=_workdir, source=_source, hide=(main.__code__, _show.__code__), streams=_guarded
+        )
         _support_module = module
     return _support_module

@@ -72,7 +72,7 @@ _WALK_DEPTH = 100
 # characters or bytes of the output had to be replaced.
 _workdir = "."
 _source = b""
-_hide: "CodeType | None" = None
+_hide: "tuple[CodeType, ...]" = ()
 _streams: "Sequence[io.TextIOWrapper]" = ()
 _figures_created = 0
 _figures_saved = 0
@@ -87,7 +87,7 @@ def configure(
     *,
     workdir: str,
     source: bytes,
-    hide: "CodeType | None",
+    hide: "tuple[CodeType, ...]",
     streams: "Sequence[io.TextIOWrapper]" = (),
 ) -> None:
     """Called by the prelude once this module is loaded.
@@ -95,8 +95,9 @@ def configure(
     Args:
         workdir: The run's working directory, where figures are saved.
         source: The user's code, for ``linecache``.
-        hide: The code of the prelude's function that runs the user's: its frame is dropped
-            from tracebacks (whatever its file name: compiled by the gateway, or from source).
+        hide: The code of the prelude's functions that run the user's (and show its last
+            value): their frames are dropped from the head of tracebacks (whatever their file
+            name: compiled by the gateway, or from source).
         streams: The prelude's guarded ``sys.stdout`` and ``sys.stderr`` (see
             :func:`finish_streams`).
     """
@@ -199,7 +200,7 @@ def _print_exception(exc: BaseException) -> None:
     _flush(sys.stderr)
 
 
-def _trim_tracebacks(exc: BaseException, hide: "CodeType | None") -> None:
+def _trim_tracebacks(exc: BaseException, hide: "tuple[CodeType, ...]") -> None:
     seen: set[int] = set()
     pending = [exc]
     while pending:
@@ -208,7 +209,7 @@ def _trim_tracebacks(exc: BaseException, hide: "CodeType | None") -> None:
             continue
         seen.add(id(e))
         tb: TracebackType | None = e.__traceback__
-        while tb is not None and tb.tb_frame.f_code is hide:
+        while tb is not None and tb.tb_frame.f_code in hide:
             tb = tb.tb_next
         e.__traceback__ = tb
         pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)

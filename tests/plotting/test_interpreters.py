@@ -158,7 +158,7 @@ def test_the_module_that_ran_the_first_file_becomes_the_users(tmp_path: Path) ->
             main.__dict__.clear()
             print(open("out.txt").read())
     """)
-    for file in build_request("out = open('out.txt', 'w')\nout.write('flushed')").files:
+    for file in build_request("out = open('out.txt', 'w')\nout.write('flushed');").files:
         (tmp_path / file.path).write_bytes(file.content)
     proc = subprocess.run(
         [*PYTHON, "-c", runner], cwd=tmp_path, capture_output=True, text=True, check=False

@@ -223,3 +223,51 @@ def test_unused_matplotlib_is_not_imported_and_nothing_else_is(run_code: RunCode
     modules, matplotlib_loaded = run.output.splitlines()
     assert matplotlib_loaded == "False"
     assert modules == bare.stdout.strip()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize(
+    ("source", "output"),
+    [
+        ("1 + 1", "2\n"),
+        ("x = 5\nx * 2  # doubled\n\n", "10\n"),
+        ("import math\n[\n    math.floor(2.5),\n    'a',\n]", "[2, 'a']\n"),
+        ("'text'", "'text'\n"),
+        ("import math; math.floor(2.5)", "2\n"),
+        ("None", ""),
+        ("x = 1", ""),
+        ("print(3)", "3\n"),
+        ("for i in range(2):\n    i", ""),
+        ("def f():\n    return 1", ""),
+    ],
+)
+def test_a_last_expression_is_shown_as_a_notebook_shows_it(
+    run_code: RunCode, source: str, output: str, compiled: bool
+) -> None:
+    run = run_code(source, compiled=compiled)
+    assert (run.output, run.returncode) == (output, 0)
+
+
+def test_a_long_value_is_cut_in_the_middle(run_code: RunCode) -> None:
+    run = run_code("'a' * 5000 + 'b' * 20000")
+    assert run.returncode == 0
+    assert run.output.startswith("'" + "a" * 4999) and run.output.endswith("b" * 4999 + "'\n")
+    assert "[15,002 characters cut]" in run.output and len(run.output) < 10_100
+
+
+def test_an_error_in_the_last_expression_is_the_codes_own(run_code: RunCode) -> None:
+    run = run_code("x = 1\n\nx / 0")
+    assert run.returncode == 1
+    assert '  File "<string>", line 3, in <module>\n    x / 0\n' in run.output
+    assert run.output.count('File "') == 1
+    failing = "class Odd:\n    def __repr__(self):\n        raise ValueError('no repr')\nOdd()"
+    run = run_code(failing)
+    assert run.returncode == 1 and run.output.endswith("ValueError: no repr\n")
+    assert "_mcp" not in run.output and "prelude" not in run.output
+
+
+def test_a_trailing_semicolon_or_a_matplotlib_object_shows_nothing(run_code: RunCode) -> None:
+    assert run_code("1 + 1;").output == ""
+    run = run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])")
+    assert (run.output, run.returncode) == ("", 0)
+    assert run_code("[1, 2]  # a list of ints is shown\n").output == "[1, 2]\n"

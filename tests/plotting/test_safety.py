@@ -55,7 +55,7 @@ def test_a_character_split_over_writes_stays_whole_and_a_cut_one_is_replaced(
             out = sys.stdout.buffer
             out.write(b"\\xe2\\x82")
             out.write(b"\\xac\\n")
-            out.write(memoryview(b"\\xe2\\x82"))
+            out.write(memoryview(b"\\xe2\\x82"));
         """)
     )
     assert run.raw.decode("utf-8") == "\u20ac\n\ufffd[1 character(s) or byte(s) " + NOTE
@@ -103,7 +103,7 @@ def test_the_streams_still_look_like_the_standard_ones(run_code: RunCode) -> Non
 
 def test_the_file_descriptor_itself_is_not_guarded(run_code: RunCode) -> None:
     # Only Python-level writes can be guarded; the gateway explains the evaluator's answer then.
-    run = run_code("import os\nos.write(1, b'\\xff\\n')")
+    run = run_code("import os\nos.write(1, b'\\xff\\n');")
     assert run.raw == b"\xff\n"
 
 
