@@ -32,7 +32,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from snekbox_client import CONTENT_WANTED_FIELD, ContentWanted, EvalRequest, EvalResult, File
+from snekbox_client import (
+    CONTENT_WANTED_FIELD,
+    TIME_LIMIT_FIELD,
+    ContentWanted,
+    EvalRequest,
+    EvalResult,
+    File,
+)
 
 from .errors import InvalidFile, QueueFull, RequestInvalid
 from .host import MPLCONFIGDIR
@@ -62,6 +69,8 @@ REQUEST_SCHEMA: dict[str, Any] = {
             },
         },
         "executable_path": {"type": "string"},
+        # This project's extension (see snekbox_client.TIME_LIMIT_FIELD).
+        "time_limit": {"type": "number", "exclusiveMinimum": 0},
     },
     "anyOf": [{"required": ["input"]}, {"required": ["args"]}],
 }
@@ -143,6 +152,7 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
         files=files,
         executable_path=body.get("executable_path") or None,
         content_wanted=content_wanted,
+        time_limit=body.get(TIME_LIMIT_FIELD),
     )
 
 

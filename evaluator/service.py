@@ -302,12 +302,13 @@ class Evaluator:
                 written = await asyncio.to_thread(sandbox.workdir.write_files, request.files)
             except WriteError as exc:
                 return EvalResult(str(exc), None)
+        time_limit = min(request.time_limit or config.time_limit, config.time_limit)
         if sandbox.warm:
             if sandbox.cgroup is not None:
                 sandbox.cgroup.foreground()
-            sandbox.process.deliver(command[1:], config.time_limit)
+            sandbox.process.deliver(command[1:], time_limit)
         else:
-            sandbox.process.release(self._argv(command, sandbox.workdir), config.time_limit)
+            sandbox.process.release(self._argv(command, sandbox.workdir), time_limit)
         outcome = await sandbox.process.wait(config.output_limit)
         stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
         if stdout is None:

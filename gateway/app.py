@@ -16,6 +16,7 @@ from typing import Any
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import ToolAnnotations
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -24,11 +25,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from .code_sessions import URI_SCHEME, SessionGone
 from .edge import LoopbackGuard, RequestDeadline
 from .sessions import SessionTable, StreamableSessions
 from .settings import Settings
 from .sse_sessions import SseSessions
-from .tool import TOOL_NAME, Gateway
+from .tool import END_TOOL_NAME, TOOL_NAME, Gateway
 
 __all__ = ["StaticTokenVerifier", "create_app", "create_server"]
 
@@ -74,6 +76,21 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
         **auth,
     )
     _add_tool(server, gateway)
+    server.add_tool(
+        gateway.end_session,
+        name=END_TOOL_NAME,
+        title="End a Python session",
+        description="End a session of execute_python_code now, when its work is done: its "
+        "files are dropped, and calls naming it are told it was ended. Sessions also end by "
+        "themselves after a while without a call.",
+        annotations=ToolAnnotations(
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    )
+    _add_session_files(server, gateway)
     return server
 
 
@@ -84,10 +101,39 @@ def _add_tool(server: MCPServer[Any], gateway: Gateway) -> None:
         name=TOOL_NAME,
         title="Run Python",
         description=gateway.tool_description(),
+        # A call changes its session (files, and state where the backend keeps it).
         annotations=ToolAnnotations(
-            read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
         ),
     )
+
+
+def _add_session_files(server: MCPServer[Any], gateway: Gateway) -> None:
+    """The files of the open sessions as resources: ``session://<id>/<path>`` (see the tool's
+    ``files[].uri``); text as text, other bytes as a base64 blob."""
+
+    @server.resource(
+        f"{URI_SCHEME}://{{session_id}}/{{+path}}",
+        name="session file",
+        title="A file of a Python session",
+        description="A file in the working directory of an open execute_python_code session.",
+    )
+    def session_file(session_id: str, path: str) -> str | bytes:
+        try:
+            content = gateway.read_session_file(session_id, path)
+        except SessionGone as exc:
+            raise ResourceError(str(exc)) from None
+        except KeyError:
+            raise ResourceNotFoundError(
+                f"The session {session_id!r} has no file {path!r} (files it was sent or wrote)."
+            ) from None
+        try:
+            return content.decode("utf-8")
+        except UnicodeDecodeError:
+            return content
 
 
 def create_app(settings: Settings) -> Starlette:

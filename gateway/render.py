@@ -9,7 +9,9 @@ the budget (:mod:`gateway.budget`).
 
 from __future__ import annotations
 
+import mimetypes
 from base64 import b64encode
+from dataclasses import dataclass
 
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 
@@ -24,15 +26,33 @@ from .budget import (
     choose_images,
     wire_size,
 )
+from .code_sessions import file_uri
 from .facts import NOT_RETURNED, Facts
-from .schema import ExecutionResult, FileInfo, ImageInfo
+from .schema import ExecutionResult, FileInfo, ImageInfo, WrittenFile
 from .settings import Settings
 from .text import MAX_LISTED, cut_middle, end_of_output, fitting, listing, quote
 
-__all__ = ["compose", "render_result"]
+__all__ = ["SessionView", "compose", "render_result"]
 
 
-def render_result(result: EvalResult, *, duration: float, settings: Settings) -> CallToolResult:
+@dataclass
+class SessionView:
+    """What a result says of its session: its id, which written files it kept, its bytes, and
+    the ``timeout_seconds`` asked for when it was lowered to the maximum."""
+
+    id: str
+    kept: dict[str, bool]
+    max_bytes: int
+    time_limit_lowered: float | None = None
+
+
+def render_result(
+    result: EvalResult,
+    *,
+    duration: float,
+    settings: Settings,
+    session: SessionView | None = None,
+) -> CallToolResult:
     """Turn an evaluation into what the model reads: text, one image per figure, file lists.
 
     The serialized result stays within ``settings.max_result_bytes`` (less room for the
@@ -47,7 +67,7 @@ def render_result(result: EvalResult, *, duration: float, settings: Settings) ->
     limit = settings.max_result_bytes - ENVELOPE_BYTES
     floor = min(settings.max_output_chars, OUTPUT_FLOOR)
     unchosen = {f.file.path: f.problem or OVER_BUDGET for f in facts.figures}
-    bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen))
+    bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen), session)
     reasons = choose_images(
         facts.figures,
         max_images=settings.max_images,
@@ -56,14 +76,16 @@ def render_result(result: EvalResult, *, duration: float, settings: Settings) ->
     )
     cut: Cut | None = Cut(min(settings.max_output_chars, len(facts.output)), LISTING_CHARS, reasons)
     while cut is not None:
-        rendered = compose(facts, settings, cut)
+        rendered = compose(facts, settings, cut, session)
         if wire_size(rendered) <= limit:
             return rendered
         cut = cut.smaller(floor)
     return rendered  # a budget smaller than a bare status line: nothing more could give way
 
 
-def compose(facts: Facts, settings: Settings, cut: Cut) -> CallToolResult:
+def compose(
+    facts: Facts, settings: Settings, cut: Cut, session: SessionView | None = None
+) -> CallToolResult:
     """The result of ``facts``, cut as ``cut`` says."""
     shown, truncated = cut_middle(facts.output, cut.output_chars)
     # The output comes first (the README promises output, then the status), so it cannot be
@@ -135,10 +157,25 @@ def compose(facts: Facts, settings: Settings, cut: Cut) -> CallToolResult:
             f"list): {listing(missing, chars)}]"
         )
 
-    files = [FileInfo(path=quote(f.path), size=f.size) for f in facts.files]
+    kept = session.kept if session is not None else {}
+    files = [
+        WrittenFile(
+            path=quote(f.path),
+            size=f.size,
+            mime_type=mimetypes.guess_type(f.path)[0] or "application/octet-stream",
+            uri=file_uri(session.id, f.path) if session and kept.get(f.path) else None,
+        )
+        for f in facts.files
+    ]
     listed = fitting([f'"{f.path}" ({f.size:,} bytes)' for f in files], chars)
     if files:
         lines.append(f"[files written: {listing(listed, chars, total=len(files))}]")
+    dropped = [f'"{f.path}"' for f in files if session and f.uri is None]
+    if session is not None and dropped:
+        lines.append(
+            f"[not kept in the session, which holds at most {session.max_bytes:,} bytes of "
+            f"files (or returned only in part): {listing(fitting(dropped, chars), chars)}]"
+        )
     absent = [FileInfo(path=quote(path), size=size) for path, size in facts.not_returned]
     named = fitting([f'"{f.path}" ({f.size:,} bytes)' for f in absent], chars)
     if facts.not_returned_count:
@@ -150,6 +187,13 @@ def compose(facts: Facts, settings: Settings, cut: Cut) -> CallToolResult:
             f"{listing(named, chars, total=facts.not_returned_count)}]"
         )
 
+    if session is not None:
+        if session.time_limit_lowered is not None:
+            lines.append(
+                f"[timeout_seconds {session.time_limit_lowered:g} is above the maximum, "
+                f"{settings.max_time_limit:g} s, which was used instead]"
+            )
+        lines.append(f'[session_id: "{session.id}" (pass it to continue this session)]')
     structured = ExecutionResult(
         stdout=shown,
         stdout_truncated=truncated,
@@ -162,6 +206,7 @@ def compose(facts: Facts, settings: Settings, cut: Cut) -> CallToolResult:
         files_unlisted=len(files) - len(listed),
         files_not_returned=absent[: len(named)],
         files_not_returned_count=facts.not_returned_count,
+        session_id=session.id if session is not None else None,
     )
     return CallToolResult(
         content=[TextContent(type="text", text="\n".join(lines)), *blocks],

@@ -6,7 +6,7 @@ from pydantic import BaseModel, Field
 
 from .status import Status
 
-__all__ = ["ExecutionResult", "FileInfo", "ImageInfo"]
+__all__ = ["ExecutionResult", "FileInfo", "ImageInfo", "WrittenFile"]
 
 
 class ImageInfo(BaseModel):
@@ -30,6 +30,17 @@ class FileInfo(BaseModel):
     size: int = Field(description="size in bytes")
 
 
+class WrittenFile(FileInfo):
+    """A file the run wrote, and where to read it while its session lives."""
+
+    mime_type: str = Field(description="its type, guessed from its name")
+    uri: str | None = Field(
+        default=None,
+        description="read it with resources/read while the session lives; null when the "
+        "session could not keep it (see the text)",
+    )
+
+
 class ExecutionResult(BaseModel):
     """The structured form of a result: the same facts as the text and image content."""
 
@@ -43,7 +54,7 @@ class ExecutionResult(BaseModel):
     message: str = Field(description="the exit status in words")
     images: list[ImageInfo]
     images_unlisted: int = Field(default=0, description="figures left out of `images`")
-    files: list[FileInfo] = Field(description="files the result carries, as many as fit")
+    files: list[WrittenFile] = Field(description="files the run wrote, as many as fit")
     files_unlisted: int = Field(default=0, description="files carried but left out of `files`")
     files_not_returned: list[FileInfo] = Field(
         default_factory=list,
@@ -52,4 +63,7 @@ class ExecutionResult(BaseModel):
     )
     files_not_returned_count: int = Field(
         default=0, description="how many such files, listed or not (at least)"
+    )
+    session_id: str | None = Field(
+        default=None, description="the session this call ran in: pass it to continue it"
     )

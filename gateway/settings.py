@@ -116,6 +116,15 @@ class Settings(ExplicitSettings):
     max_result_bytes: int = Field(default=1024 * 1024, ge=16 * 1024)
     #: Pixels a side of a figure returned at most (the prelude draws within FIGURE_MAX_PIXELS).
     max_image_side: PositiveInt = plotting.FIGURE_MAX_PIXELS
+    #: Code sessions open at once (gateway.code_sessions); a new one closes the longest idle.
+    max_code_sessions: PositiveInt = 64
+    #: Seconds a code session may go without a call before it ends.
+    code_session_idle_timeout: PositiveFloat = 900.0
+    #: Bytes of files a code session keeps (sent in and written), carried into each run.
+    max_session_bytes: PositiveInt = 8 * 1024 * 1024
+    #: Files one call may send in, and their bytes once decoded (the request is bounded too).
+    max_upload_files: PositiveInt = 64
+    max_upload_bytes: PositiveInt = 3 * 1024 * 1024
     #: Read from the EVALUATOR_* variables by the evaluator's own declaration.
     evaluator_config: InstanceOf[EvaluatorConfig] = Field(default_factory=EvaluatorConfig)
 
@@ -209,6 +218,12 @@ class Settings(ExplicitSettings):
         if self.eval_timeout is not None:
             return self.eval_timeout
         return 30.0 if self.snekbox_url else self.evaluator_config.time_limit + 10.0
+
+    @property
+    def max_time_limit(self) -> float:
+        """The most a call's ``timeout_seconds`` may ask: the built-in evaluator's time limit,
+        or, in front of Snekbox (whose own limit applies), the gateway's wait for an answer."""
+        return self.timeout if self.snekbox_url else self.evaluator_config.time_limit
 
     @property
     def url(self) -> str:

@@ -1,14 +1,17 @@
 """The tool: :class:`Gateway` owns the connection to the evaluation service and runs each call.
 
-A call is admitted (:mod:`gateway.admission`), sent as one ``POST /eval`` through
-:mod:`snekbox_client`, and rendered (:mod:`gateway.render`). Failures of the service become tool
-errors worded by :mod:`gateway.failures`; a user's exception is a normal result. Each call is
-counted (:mod:`gateway.metrics`) and logged in one JSON line.
+A call belongs to a code session (:mod:`gateway.code_sessions`: a new one, or the one it names),
+whose files, with those it sends in (:mod:`gateway.uploads`), go into its run. It is admitted
+(:mod:`gateway.admission`), sent as one ``POST /eval`` through :mod:`snekbox_client`, and
+rendered (:mod:`gateway.render`); the files it wrote stay with the session. Failures of the
+service become tool errors worded by :mod:`gateway.failures`; a user's exception is a normal
+result. Each call is counted (:mod:`gateway.metrics`) and logged in one JSON line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import sys
@@ -18,9 +21,11 @@ from typing import Annotated, Any
 
 import anyio
 import httpx
+from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ImageContent
+from pydantic import Field
 from starlette.requests import Request
 
 import evaluator
@@ -29,28 +34,30 @@ from snekbox_client import (
     ContentWanted,
     EvalResult,
     EvaluatorUnavailable,
+    File,
     SnekboxClient,
     SnekboxError,
 )
 
 from .admission import Admission, Busy
+from .code_sessions import CodeSession, CodeSessions, SessionGone
 from .failures import GATEWAY_FAILED, ServiceFailure, explain, failure_kind
 from .metrics import Metrics
-from .render import render_result
+from .render import SessionView, render_result
 from .schema import ExecutionResult
 from .settings import Settings
+from .uploads import InputFile, UploadRefused, decode_files
 
-__all__ = ["TOOL_NAME", "Gateway"]
+__all__ = ["END_TOOL_NAME", "TOOL_NAME", "Gateway"]
 
 TOOL_NAME = "execute_python_code"
+END_TOOL_NAME = "end_session"
 
 # The name operators filter the per-call log lines by (it was the single module's name).
 logger = logging.getLogger("python_mcp_server")
 
-#: The files whose contents an evaluation returns (a superset of plotting.FIGURE_PATTERN's
-#: names, and the prelude's manifest), and how much of a figure beyond the image budget: a
-#: PNG's signature and size.
-_FIGURES = ("figure_[0-9][0-9][0-9]*.png", plotting.MANIFEST_NAME)
+#: How much of a figure beyond the budget an evaluation returns: a PNG's signature and size.
+#: Every file's content comes back (within the budget): the session keeps what it wrote.
 _PNG_HEAD_BYTES = 24
 
 
@@ -67,6 +74,11 @@ class Gateway:
             settings.in_flight_limit, settings.max_waiting, settings.max_wait
         )
         self.metrics = Metrics(self.admission)
+        self.sessions = CodeSessions(
+            max_sessions=settings.max_code_sessions,
+            idle_timeout=settings.code_session_idle_timeout,
+            registry=self.metrics.registry,
+        )
         self._client: SnekboxClient | None = None
         self._builtin: evaluator.Evaluator | None = None
         #: Set on shutdown: calls in flight finish, new ones are turned away.
@@ -133,33 +145,73 @@ class Gateway:
             if "working directory" not in weaker:
                 limits += f"; the working directory holds {cfg.workdir_size} MiB"
             limits += "."
+        settings = self.settings
         return (
-            f"Run {python} code in a fresh, isolated sandbox and return what it prints.\n\n"
-            "- Every call starts from scratch: no variables, imports or files carry over.\n"
+            f"Run {python} code in an isolated sandbox and return what it prints.\n\n"
+            "- Sessions keep files, not variables. A call without session_id starts a new "
+            "session, and every result gives its session_id: pass it to later calls to find the "
+            "files sent with `files` and the files the code wrote (up to "
+            f"{settings.max_session_bytes:,} bytes; names starting with '_' or '.' are not "
+            "kept). Each call is a fresh interpreter: variables and imports do NOT carry over, "
+            "so save what later calls need to a file (df.to_pickle('df.pkl'), json.dump). A "
+            f"session ends after {settings.code_session_idle_timeout / 60:g} minutes without a "
+            "call, or when end_session ends it.\n"
+            f"- `files`: at most {settings.max_upload_files} files, "
+            f"{settings.max_upload_bytes:,} bytes in all, each with a relative path; `encoding` "
+            "'base64' for bytes that are not text.\n"
+            f"- `timeout_seconds`: this call's time limit, at most {settings.max_time_limit:g} "
+            "s (more is lowered to that).\n"
             "- Preinstalled: numpy, pandas, matplotlib and the standard library. There is no "
             "network access, so pip install and downloads do not work.\n"
             "- The result is stdout and stderr together, in order (terminal control sequences "
             "removed), then a line [end of output] (numbered, [end of output #2], if the output "
             "holds that text), then the gateway's own lines: the exit status in words, figures "
-            "not returned, files written. Print what you want to see: a bare expression is not "
-            "echoed. Output must be UTF-8: bytes that are not, written straight to a file "
-            "descriptor, lose the whole output.\n"
+            "not returned, files written. As in a notebook, when the last statement is an "
+            "expression its value's repr follows the output (not for None, matplotlib objects or "
+            "a line ending in ';'). There is no stdin: input() gets EOF. Output must be UTF-8: "
+            "bytes that are not, written straight to a file descriptor, lose the whole output.\n"
             "- Figures: every matplotlib figure comes back as a PNG image, in drawing order, with "
             "no extra step: plt.show() or simply leaving the figure open is enough. At most "
             f"{self.settings.max_image_side:,} pixels a side are returned.\n"
             "- Files the code writes in its working directory are listed with their sizes, "
-            "their names in double quotes with JSON-style escapes.\n"
+            "their names in double quotes with JSON-style escapes; each can be read with "
+            "resources/read at its files[].uri while the session lives.\n"
             f"- {limits} Output longer than {self.settings.max_output_chars:,} characters is cut "
             "in the middle, keeping its start and end."
         )
 
     async def execute_python_code(
-        self, code: str, ctx: Context[Any, Any]
+        self,
+        code: Annotated[str, Field(description="the Python source to run")],
+        ctx: Context[Any, Any],
+        session_id: Annotated[
+            str | None,
+            Field(
+                description="continue this session (its files); omit it to start a new one. "
+                "Every result gives the session's id."
+            ),
+        ] = None,
+        files: Annotated[
+            list[InputFile] | None,
+            Field(
+                description="files written into the working directory before the code runs "
+                "(they stay in the session); paths relative, sub-folders allowed"
+            ),
+        ] = None,
+        timeout_seconds: Annotated[
+            float | None,
+            Field(
+                gt=0,
+                description="this call's time limit in seconds; more than the maximum (said in "
+                "the tool's description) is lowered to it, and the result says so",
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, ExecutionResult]:
-        """Run ``code`` once; service failures become tool errors, user errors do not.
+        """Run ``code`` in a session; service failures become tool errors, user errors do not.
 
         Raises:
-            ToolError: the code is too long, the service failed, or the gateway itself did.
+            ToolError: the code is too long, the files break a rule, the session is gone, the
+                service failed, or the gateway itself did.
         """
         started = time.monotonic()
         outcome = "cancelled"  # unless the call gets further: only a cancellation stays so
@@ -173,9 +225,28 @@ class Gateway:
                     f"{self.settings.max_code_chars:,}. Send less code, or generate the data "
                     "inside the code instead of pasting it."
                 )
-            result = await self._evaluate_with_progress(code, ctx, started)
+            try:
+                uploads = decode_files(
+                    files or [],
+                    max_files=self.settings.max_upload_files,
+                    max_bytes=self.settings.max_upload_bytes,
+                )
+                session = self._session(session_id)
+            except (UploadRefused, SessionGone) as exc:
+                outcome = "refused"
+                raise ToolError(str(exc)) from exc
+            log.update(session_id=session.id, files_sent=len(uploads))
+            time_limit, lowered = self._time_limit(timeout_seconds)
+            async with session.lock:
+                self.sessions.touch(session)
+                result = await self._evaluate_with_progress(
+                    code, ctx, started, session, uploads, time_limit
+                )
+                view = self._keep_files(session, uploads, result)
+                self.sessions.touch(session)
+            view.time_limit_lowered = lowered
             rendered = render_result(
-                result, duration=time.monotonic() - started, settings=self.settings
+                result, duration=time.monotonic() - started, settings=self.settings, session=view
             )
             structured = rendered.structured_content or {}
             outcome = structured.get("status", "ok")
@@ -206,6 +277,63 @@ class Gateway:
             self.metrics.duration.observe(duration)
             _log_call(ctx, outcome, duration, log)
 
+    async def end_session(
+        self,
+        session_id: Annotated[str, Field(description="the session to end")],
+    ) -> str:
+        """End a session now: its files are dropped and its id answers that it was ended.
+
+        Raises:
+            ToolError: no such open session.
+        """
+        try:
+            self.sessions.end(session_id, _owner())
+        except SessionGone as exc:
+            raise ToolError(str(exc)) from exc
+        return f"The session {session_id!r} is ended; its files are gone."
+
+    def read_session_file(self, session_id: str, path: str) -> bytes:
+        """A file of an open session of this client (``resources/read``).
+
+        Raises:
+            SessionGone: no such open session.
+            KeyError: the session has no such file.
+        """
+        session = self.sessions.get(session_id, _owner())
+        return session.files[path]
+
+    def _session(self, session_id: str | None) -> CodeSession:
+        owner = _owner()
+        if session_id is None:
+            return self.sessions.create(owner)
+        return self.sessions.get(session_id, owner)
+
+    def _time_limit(self, asked: float | None) -> tuple[float | None, float | None]:
+        """The call's time limit (``None``: the service's own) and, if lowered, what was asked."""
+        maximum = self.settings.max_time_limit
+        if asked is None:
+            return None, None
+        if asked > maximum:
+            return maximum, asked
+        return asked, None
+
+    def _keep_files(
+        self, session: CodeSession, uploads: dict[str, bytes], result: EvalResult
+    ) -> SessionView:
+        """Keep what the run wrote in the session, within its bytes; say what was kept."""
+        session.calls += 1
+        session.files.update(uploads)
+        kept: dict[str, bool] = {}
+        for file in plotting.sort_files(result.files).others:
+            old = len(session.files.get(file.path, b""))
+            fits = session.size - old + file.size <= self.settings.max_session_bytes
+            if file.complete and fits:
+                session.files[file.path] = file.content
+                kept[file.path] = True
+            else:
+                kept[file.path] = False
+        return SessionView(session.id, kept, self.settings.max_session_bytes)
+
     async def drained(self) -> None:
         """Return once no tool call is in progress (set ``draining`` first, or it may never)."""
         while self.active_calls:
@@ -213,16 +341,28 @@ class Gateway:
             await self._call_ended.wait()
 
     async def _evaluate_with_progress(
-        self, code: str, ctx: Context[Any, Any], started: float
+        self,
+        code: str,
+        ctx: Context[Any, Any],
+        started: float,
+        session: CodeSession,
+        uploads: dict[str, bytes],
+        time_limit: float | None,
     ) -> EvalResult:
         # A plain task rather than a task group, so the evaluation's errors come back unwrapped.
         progress = asyncio.ensure_future(self._report_progress(ctx, started))
         try:
-            return await self._evaluate(code)
+            return await self._evaluate(code, session, uploads, time_limit)
         finally:
             progress.cancel()
 
-    async def _evaluate(self, code: str) -> EvalResult:
+    async def _evaluate(
+        self,
+        code: str,
+        session: CodeSession,
+        uploads: dict[str, bytes],
+        time_limit: float | None,
+    ) -> EvalResult:
         if self.draining:
             raise ServiceFailure(
                 "shutting_down",
@@ -232,14 +372,34 @@ class Gateway:
         try:
             async with self.admission.slot():
                 running = self.admission.in_flight
-                # Only figures' contents come back (bounded); other files: names and sizes.
                 wanted = ContentWanted(
-                    _FIGURES,
-                    self.settings.max_image_bytes + plotting.MANIFEST_MAX_BYTES,
+                    ("*",),
+                    self.settings.max_image_bytes
+                    + plotting.MANIFEST_MAX_BYTES
+                    + self.settings.max_session_bytes,
                     _PNG_HEAD_BYTES,
                 )
-                request = replace(plotting.build_request(code), content_wanted=wanted)
-                return await self.client.eval(request)
+                carried = {**session.files, **uploads}
+                request = plotting.build_request(code)
+                request = replace(
+                    request,
+                    files=(*request.files, *(File(p, c) for p, c in carried.items())),
+                    content_wanted=wanted,
+                    time_limit=time_limit if self._builtin is not None else None,
+                )
+                if time_limit is None or self._builtin is not None:
+                    return await self.client.eval(request)
+                # Snekbox applies its own limit: a shorter one is how long the gateway waits.
+                try:
+                    with anyio.fail_after(time_limit):
+                        return await self.client.eval(request)
+                except TimeoutError:
+                    raise ServiceFailure(
+                        "timeout",
+                        f"No answer within the call's time limit ({time_limit:g} s): the "
+                        "evaluation service applies its own, longer limit, and its output is "
+                        "lost. Ask for more time, or make the code faster.",
+                    ) from None
         except Busy as exc:
             raise ServiceFailure(
                 "busy",
@@ -284,6 +444,14 @@ class Gateway:
         except SnekboxError as exc:
             return f"the evaluation service is unhealthy ({type(exc).__name__})"
         return None
+
+
+def _owner() -> str | None:
+    """Who the call comes from: its bearer token's client, ``None`` without authentication."""
+    token = get_access_token()
+    if token is None:
+        return None
+    return hashlib.sha256(f"{token.client_id}\0{token.token}".encode()).hexdigest()
 
 
 def _log_call(

@@ -35,6 +35,7 @@ from ._exceptions import (
 from ._models import (
     CONTENT_WANTED_FIELD,
     ENDED_BY_FIELD,
+    TIME_LIMIT_FIELD,
     ContentWanted,
     EndedBy,
     EvalRequest,
@@ -46,6 +47,7 @@ __all__ = [
     "CONTENT_WANTED_FIELD",
     "DEFAULT_TIMEOUT",
     "ENDED_BY_FIELD",
+    "TIME_LIMIT_FIELD",
     "AddressState",
     "AnswerReader",
     "BalancingTransport",

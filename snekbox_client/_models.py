@@ -14,6 +14,7 @@ from ._exceptions import InvalidResponse
 __all__ = [
     "CONTENT_WANTED_FIELD",
     "ENDED_BY_FIELD",
+    "TIME_LIMIT_FIELD",
     "ContentWanted",
     "EndedBy",
     "EvalRequest",
@@ -24,6 +25,8 @@ __all__ = [
 #: The request field of :class:`ContentWanted`: this project's extension of Snekbox's request.
 #: Snekbox's schema ignores unknown fields, so a request carrying it is valid for both services.
 CONTENT_WANTED_FIELD = "content_wanted"
+#: The request field of :attr:`EvalRequest.time_limit`, the same kind of extension.
+TIME_LIMIT_FIELD = "time_limit"
 
 #: The answer field of :data:`EndedBy`: this project's extension of Snekbox's answer, which the
 #: built-in evaluator sends and Snekbox does not.
@@ -129,6 +132,8 @@ class EvalRequest:
     When both are given, ``input`` is appended to ``args``. ``executable_path`` selects another
     interpreter inside the service (``None``: the service's default). ``content_wanted`` bounds
     the file contents that come back (``None``: all of them, as Snekbox returns them).
+    ``time_limit``: seconds this run may take, when fewer than the service's own limit (the
+    built-in evaluator honours it; Snekbox ignores it and applies its own).
     """
 
     input: str | None = None
@@ -136,10 +141,13 @@ class EvalRequest:
     files: Sequence[File] = field(default_factory=tuple)
     executable_path: str | None = None
     content_wanted: ContentWanted | None = None
+    time_limit: float | None = None
 
     def __post_init__(self) -> None:
         if self.input is None and self.args is None:
             raise ValueError("an EvalRequest needs input or args")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError("time_limit must be a positive number of seconds")
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -160,6 +168,8 @@ class EvalRequest:
             body["executable_path"] = self.executable_path
         if self.content_wanted is not None:
             body[CONTENT_WANTED_FIELD] = self.content_wanted.to_json()
+        if self.time_limit is not None:
+            body[TIME_LIMIT_FIELD] = self.time_limit
         return body
 
 

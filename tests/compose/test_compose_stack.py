@@ -140,3 +140,25 @@ async def test_concurrent_calls_reach_every_replica() -> None:
     print(f"30 concurrent calls over {REPLICAS} replicas: {spread}")
     assert len(hostnames) == 30
     assert len(spread) == REPLICAS, f"not every replica was used: {spread}"
+
+
+@pytest.mark.anyio
+async def test_a_session_keeps_its_files_across_the_replicas() -> None:
+    """The session's files travel with each call, so any replica can run the next one."""
+    with anyio.fail_after(240):
+        async with connect(URL, "http") as client:
+            write = "import socket\nopen('state.txt', 'w').write('kept')\nsocket.gethostname()"
+            first = await client.call_tool("execute_python_code", {"code": write})
+            assert not first.is_error, first
+            session_id = first.structured_content["session_id"]
+            hostnames = {text_of(first).splitlines()[0]}
+            read = "import socket\nprint(open('state.txt').read())\nsocket.gethostname()"
+            for _ in range(max(REPLICAS, 2)):
+                arguments = {"code": read, "session_id": session_id}
+                result = await client.call_tool("execute_python_code", arguments)
+                assert not result.is_error, result
+                kept, hostname = text_of(result).splitlines()[:2]
+                assert kept == "kept"
+                hostnames.add(hostname)
+    print(f"one session over {len(hostnames)} replicas: {sorted(hostnames)}")
+    assert len(hostnames) == REPLICAS, "the calls did not reach every replica"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import anyio
 import httpx
@@ -11,7 +12,7 @@ import pytest
 import evaluator
 from evaluator import Evaluator, create_app
 
-from .conftest import b64, config, run
+from .conftest import TIME_LIMIT, b64, config, run
 
 
 def test_public_api() -> None:
@@ -61,6 +62,8 @@ async def test_script_from_files(client: httpx.AsyncClient) -> None:
         ({"input": 1}, "1 is not of type 'string'"),
         ([], "[] is not of type 'object'"),
         ({"args": [], "files": [{}]}, "'path' is a required property"),
+        ({"input": "", "time_limit": 0}, "0 is less than or equal to the minimum of 0"),
+        ({"input": "", "time_limit": "1"}, "'1' is not of type 'number'"),
     ],
 )
 async def test_schema_failures(client: httpx.AsyncClient, body: object, description: str) -> None:
@@ -70,6 +73,24 @@ async def test_schema_failures(client: httpx.AsyncClient, body: object, descript
         "title": "Request data failed validation",
         "description": description,
     }
+
+
+async def test_a_time_limit_shorter_than_the_services_is_applied(
+    client: httpx.AsyncClient,
+) -> None:
+    spin = {"input": "print('spinning', flush=True)\nwhile True: pass"}
+    started = time.monotonic()
+    response = await client.post("/eval", json={**spin, "time_limit": 0.5})
+    body = response.json()
+    assert (body["returncode"], body["ended_by"], body["stdout"]) == (
+        137,
+        "time_limit",
+        "spinning\n",
+    )
+    assert time.monotonic() - started < TIME_LIMIT
+    # A longer one than the service's is the service's.
+    response = await client.post("/eval", json={"input": "print(1)", "time_limit": 10**6})
+    assert response.json()["returncode"] == 0
 
 
 @pytest.mark.parametrize("path", ["/", "/etc", "/etc/vars/secrets", "/absolute", r"a\0b", r"\0"])

@@ -801,7 +801,10 @@ def check_answer(answer: httpx.Response, expected: Expected) -> None:
             return
         (message,) = jsonrpc_messages(answer)
         if expected.body.get("result") == "<tools>":
-            assert [t["name"] for t in message["result"]["tools"]] == ["execute_python_code"]
+            assert [t["name"] for t in message["result"]["tools"]] == [
+                "end_session",
+                "execute_python_code",
+            ]
             message["result"] = "<tools>"
         assert message == expected.body
         return
@@ -869,7 +872,11 @@ async def test_after_the_suite_the_gateway_still_serves(gateway: Gateway) -> Non
             async with connect(gateway.url, transport, token=TOKEN) as mcp:
                 result = await mcp.call_tool("execute_python_code", {"code": "print(6 * 7)"})
         assert not result.is_error
-        assert text_of(result) == "42\n[end of output]\n[exit code 0: ok]"
+        session_id = result.structured_content["session_id"]
+        assert text_of(result) == (
+            "42\n[end of output]\n[exit code 0: ok]\n"
+            f'[session_id: "{session_id}" (pass it to continue this session)]'
+        )
     async with httpx.AsyncClient(base_url=gateway.url) as http:
         ready = await http.get("/readyz")
         metrics = (await http.get("/metrics")).text

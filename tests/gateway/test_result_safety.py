@@ -35,6 +35,11 @@ FORBIDDEN = re.compile(
 )
 
 
+def named(files: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The path and size of each listed file (its type and resource URI left out)."""
+    return [{"path": f["path"], "size": f["size"]} for f in files]
+
+
 def render(
     stdout: str = "", returncode: int | None = 0, files: tuple[File, ...] = (), **settings: Any
 ) -> CallToolResult:
@@ -229,7 +234,7 @@ def test_a_figure_cut_short_by_the_end_of_the_run_is_a_lost_figure_not_a_users_f
         ("figure_001.png", True),
         ("figure_002.png.part", False),
     ]
-    assert structured(result)["files"] == [{"path": "notes.txt", "size": 4}]
+    assert named(structured(result)["files"]) == [{"path": "notes.txt", "size": 4}]
     assert (
         "[1 of 2 figures lost, still being saved when the run ended: "
         "figure_002.png.part (5,000 bytes)]" in text_of(result)
@@ -429,7 +434,7 @@ def test_files_written_but_not_returned_are_named_and_counted() -> None:
     )
     result = render(files=files)
     facts = structured(result)
-    assert facts["files"] == [{"path": "a.csv", "size": 1}]
+    assert named(facts["files"]) == [{"path": "a.csv", "size": 1}]
     assert facts["files_not_returned"] == [
         {"path": "big.bin", "size": 10**12},
         {"path": "later.txt", "size": 5},
@@ -478,14 +483,14 @@ def test_figures_the_evaluator_did_not_return_are_named_as_figures() -> None:
 )
 def test_a_malformed_manifest_is_ignored_and_never_listed(content: bytes) -> None:
     result = render(files=(File("a.csv", b"a"), File(MANIFEST_NAME, content)))
-    assert structured(result)["files"] == [{"path": "a.csv", "size": 1}]
+    assert named(structured(result)["files"]) == [{"path": "a.csv", "size": 1}]
     assert structured(result)["files_not_returned_count"] == 0
     assert MANIFEST_NAME not in text_of(result)
 
 
 def test_a_forged_manifest_cannot_hide_a_returned_file() -> None:
     result = render(files=(File("secret.txt", b"s"), manifest(("other", 1))))
-    assert structured(result)["files"] == [{"path": "secret.txt", "size": 1}]
+    assert named(structured(result)["files"]) == [{"path": "secret.txt", "size": 1}]
     assert '"secret.txt" (1 bytes)' in text_of(result)
 
 
@@ -560,7 +565,7 @@ async def test_bytes_written_through_sys_stdout_are_replaced_and_the_run_kept(
         "before\nbad \ufffd byte\nafter\n[1 character(s) or byte(s) of the output were not valid "
         "UTF-8 and were replaced with U+FFFD]\n"
     )
-    assert facts["files"] == [{"path": "kept.txt", "size": 1}]
+    assert named(facts["files"]) == [{"path": "kept.txt", "size": 1}]
 
 
 async def test_bytes_written_straight_to_the_descriptor_are_explained_truly(
@@ -587,7 +592,7 @@ async def test_files_after_a_huge_sparse_file_are_named_as_not_returned(gateway_
     )
     result = await call(gateway_url, code)
     facts = structured(result)
-    assert facts["files"] == [{"path": "a.txt", "size": 1}]
+    assert named(facts["files"]) == [{"path": "a.txt", "size": 1}]
     assert facts["files_not_returned"] == [
         {"path": "b_sparse.bin", "size": 10**12},
         {"path": "c.txt", "size": 2},

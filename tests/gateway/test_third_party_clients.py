@@ -89,7 +89,7 @@ async def test_mcp_proxy_bridges_a_stdio_client(gateway_url: str, transport: str
         async with Client(params, mode="legacy") as client:
             tools = (await client.list_tools()).tools
             result = await client.call_tool("execute_python_code", {"code": code})
-    assert [t.name for t in tools] == ["execute_python_code"]
+    assert sorted(t.name for t in tools) == ["end_session", "execute_python_code"]
     assert not result.is_error
     assert text_of(result).startswith("via proxy\n")
     assert [type(c) for c in result.content[1:]] == [ImageContent]
@@ -114,7 +114,7 @@ def inspector(url: str, *args: str) -> dict:  # type: ignore[type-arg]
 @pytest.mark.parametrize("path", ["/mcp", "/sse"])
 def test_inspector_cli_lists_and_calls_the_tool(gateway_url: str, path: str) -> None:
     listed = inspector(f"{gateway_url}{path}", "--method", "tools/list")
-    assert [t["name"] for t in listed["tools"]] == ["execute_python_code"]
+    assert sorted(t["name"] for t in listed["tools"]) == ["end_session", "execute_python_code"]
     called = inspector(
         f"{gateway_url}{path}",
         "--method",

@@ -28,10 +28,17 @@ async def run(client: Client, code: str):  # type: ignore[no-untyped-def]
 
 async def test_tool_is_listed_with_description_and_output_schema(client: Client) -> None:
     tools = (await client.list_tools()).tools
-    assert [t.name for t in tools] == ["execute_python_code"]
-    tool = tools[0]
+    assert sorted(t.name for t in tools) == ["end_session", "execute_python_code"]
+    tool = next(t for t in tools if t.name == "execute_python_code")
     assert tool.input_schema["required"] == ["code"]
-    assert tool.input_schema["properties"]["code"]["type"] == "string"
+    properties = tool.input_schema["properties"]
+    assert properties["code"]["type"] == "string"
+    assert {"session_id", "files", "timeout_seconds"} <= set(properties)
+    assert "maximum" in properties["timeout_seconds"]["description"]
+    assert tool.annotations is not None
+    assert (tool.annotations.read_only_hint, tool.annotations.idempotent_hint) == (False, False)
+    assert "session_id" in tool.output_schema["properties"] if tool.output_schema else False
+    assert "variables and imports do NOT carry over" in (tool.description or "")
     wall_clock = f"{TIME_LIMIT:g} s wall-clock"
     for promise in ("numpy", "matplotlib", "no network", "PNG image", wall_clock):
         assert promise in (tool.description or ""), promise

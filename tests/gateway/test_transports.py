@@ -41,6 +41,14 @@ async def test_print(gateway_url: str, transport: str) -> None:
     assert result.structured_content["status"] == "ok"
 
 
+async def test_a_last_expression_is_shown_and_stdin_is_empty(
+    gateway_url: str, transport: str
+) -> None:
+    result = await call(gateway_url, transport, "import sys\nprint(repr(sys.stdin.read()))\n6 * 7")
+    assert text_of(result).startswith("''\n42\n[end of output]")
+    assert result.structured_content["stdout"] == "''\n42\n"
+
+
 async def test_exception_shows_only_user_frames(gateway_url: str, transport: str) -> None:
     code = "def f():\n    return 1 / 0\n\nprint('before')\nf()\n"
     result = await call(gateway_url, transport, code)
@@ -80,7 +88,9 @@ async def test_figures_come_back_as_images_in_order(gateway_url: str, transport:
 async def test_files_the_code_saves_are_listed(gateway_url: str, transport: str) -> None:
     code = "open('table.csv', 'w').write('a,b\\n1,2\\n')\nprint('saved')"
     result = await call(gateway_url, transport, code)
-    assert result.structured_content["files"] == [{"path": "table.csv", "size": 8}]
+    files = result.structured_content["files"]
+    assert [(f["path"], f["size"], f["mime_type"]) for f in files] == [("table.csv", 8, "text/csv")]
+    assert files[0]["uri"].startswith("session://")
     assert '[files written: "table.csv" (8 bytes)]' in text_of(result)
 
 

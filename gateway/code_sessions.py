@@ -1,0 +1,179 @@
+"""Code sessions: the working directory a model's calls share, named by an unguessable id.
+
+A call without ``session_id`` starts a session; the result names it, and a later call that
+passes it continues it. What a session keeps here is its files: those sent in and those its
+runs wrote, carried into every later run through the ``files`` of ``POST /eval`` (so that it
+works the same in front of Snekbox, which keeps nothing between runs) and readable with MCP
+``resources/read`` (:func:`file_uri`) while the session lives.
+
+A session ends when its client ends it, after ``idle_timeout`` seconds without a call, or when
+a new one needs its room (``max_sessions``: the longest idle goes first). A call naming an
+ended session is told which of these happened (:class:`SessionGone`), never given a fresh
+one silently. A session belongs to the client that started it: with a bearer token, another
+token's calls do not find it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import quote, unquote
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+__all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "file_uri", "parse_uri"]
+
+#: The scheme of the files' resource URIs: ``session://<session id>/<path, percent-encoded>``.
+URI_SCHEME = "session"
+#: Ended sessions remembered, so that a call naming one says how it ended.
+_REMEMBERED = 10_000
+
+Ending = Literal["unknown", "ended", "expired", "evicted"]
+
+
+class SessionGone(Exception):
+    """The session a call names does not exist (any more); ``why`` says what became of it."""
+
+    def __init__(self, session_id: str, why: Ending, idle_timeout: float) -> None:
+        self.session_id = session_id
+        self.why = why
+        reason = {
+            "unknown": "does not exist (it never did here, or this gateway restarted since)",
+            "ended": "was ended on purpose",
+            "expired": f"expired after {idle_timeout / 60:g} minutes without a call",
+            "evicted": "was closed to make room for newer sessions (too many were open)",
+        }[why]
+        super().__init__(
+            f"The session {session_id!r} {reason}: its files and state are lost, and the code "
+            "did not run. Call again without session_id to start a new session, sending with "
+            "`files` whatever the code needs."
+        )
+
+
+@dataclass(eq=False)
+class CodeSession:
+    """One session: its id, its owner, and its working directory's files as last known."""
+
+    id: str
+    owner: str | None
+    files: dict[str, bytes] = field(default_factory=dict)
+    last_used: float = field(default_factory=time.monotonic)
+    calls: int = 0
+    #: One call at a time: a second one waits, as a notebook runs one cell at a time.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def size(self) -> int:
+        return sum(len(content) for content in self.files.values())
+
+
+class CodeSessions:
+    """The open sessions of this gateway, with their limits and metrics."""
+
+    def __init__(
+        self,
+        *,
+        max_sessions: int,
+        idle_timeout: float,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.max_sessions = max_sessions
+        self.idle_timeout = idle_timeout
+        self._open: OrderedDict[str, CodeSession] = OrderedDict()  # least recently used first
+        self._ended: OrderedDict[str, Ending] = OrderedDict()
+        self._open_gauge = Gauge(
+            "mcp_code_sessions_open", "Code sessions open now", registry=registry
+        )
+        self._open_gauge.set_function(self._count_open)
+        self.created = Counter(
+            "mcp_code_sessions_created", "Code sessions started", registry=registry
+        )
+        self.ended = Counter(
+            "mcp_code_sessions_closed",
+            "Code sessions closed, by why: ended (by the client), expired (idle), evicted (cap)",
+            ["why"],
+            registry=registry,
+        )
+        for why in ("ended", "expired", "evicted"):
+            self.ended.labels(why)
+
+    def create(self, owner: str | None) -> CodeSession:
+        """A new session of ``owner``; the longest idle ones close first if the cap is reached."""
+        self.expire()
+        while len(self._open) >= self.max_sessions:
+            oldest = next(iter(self._open))
+            self._close(oldest, "evicted")
+        session = CodeSession(secrets.token_urlsafe(16), owner)  # 128 random bits
+        self._open[session.id] = session
+        self.created.inc()
+        return session
+
+    def get(self, session_id: str, owner: str | None) -> CodeSession:
+        """The open session ``session_id`` of ``owner``, now marked used.
+
+        Raises:
+            SessionGone: no such open session of this owner (another owner's is "unknown").
+        """
+        self.expire()
+        session = self._open.get(session_id)
+        if session is None or not secrets.compare_digest(session.owner or "", owner or ""):
+            why = self._ended.get(session_id, "unknown") if session is None else "unknown"
+            raise SessionGone(session_id, why, self.idle_timeout)
+        self.touch(session)
+        return session
+
+    def touch(self, session: CodeSession) -> None:
+        """Mark ``session`` used now (a call began or ended)."""
+        session.last_used = time.monotonic()
+        if session.id in self._open:
+            self._open.move_to_end(session.id)
+
+    def end(self, session_id: str, owner: str | None) -> None:
+        """End a session on its client's request.
+
+        Raises:
+            SessionGone: no such open session of this owner.
+        """
+        self.get(session_id, owner)
+        self._close(session_id, "ended")
+
+    def expire(self) -> None:
+        """Close the sessions idle for longer than ``idle_timeout`` (unless a call is running)."""
+        deadline = time.monotonic() - self.idle_timeout
+        for session in list(self._open.values()):
+            if session.last_used > deadline:
+                break  # the rest were used later
+            if not session.lock.locked():
+                self._close(session.id, "expired")
+
+    def _close(self, session_id: str, why: Ending) -> None:
+        session = self._open.pop(session_id)
+        session.files.clear()
+        self._ended[session_id] = why
+        while len(self._ended) > _REMEMBERED:
+            self._ended.popitem(last=False)
+        self.ended.labels(why).inc()
+
+    def _count_open(self) -> int:
+        self.expire()
+        return len(self._open)
+
+
+def file_uri(session_id: str, path: str) -> str:
+    """The resource URI of a session's file."""
+    return f"{URI_SCHEME}://{session_id}/{quote(path, safe='/')}"
+
+
+def parse_uri(uri: str) -> tuple[str, str] | None:
+    """``(session id, path)`` of a URI made by :func:`file_uri`; ``None`` if it is not one."""
+    prefix = f"{URI_SCHEME}://"
+    if not uri.startswith(prefix):
+        return None
+    session_id, slash, path = uri[len(prefix) :].partition("/")
+    if not session_id or not slash or not path:
+        return None
+    return session_id, unquote(path)

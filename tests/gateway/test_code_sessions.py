@@ -1,0 +1,216 @@
+"""Code sessions through real gateways and real MCP clients: files in, kept, out as resources.
+
+Each test runs against the gateway with its evaluator in-process and with the evaluator as a
+separate one-shot ``/eval`` service (as Snekbox is), over both transports.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from mcp import Client, MCPError
+from mcp.types import BlobResourceContents, CallToolResult, TextResourceContents
+
+from python_mcp_server import Settings
+from tests.gateway.conftest import gateway, with_time_limit
+from tests.support import connect, text_of
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("transport", ["sse", "http"])]
+
+CSV = "city,temp\nOslo,3\nLima,19\n"
+
+
+async def run(client: Client, code: str, **arguments: Any) -> CallToolResult:
+    with anyio.fail_after(60):
+        return await client.call_tool("execute_python_code", {"code": code, **arguments})
+
+
+def facts(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, text_of(result)
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+async def test_files_sent_and_written_stay_with_the_session(
+    gateway_url: str, transport: str
+) -> None:
+    png = b"\x89PNG\r\n\x1a\n\x00\xff"
+    files = [
+        {"path": "data/cities.csv", "content": CSV},
+        {"path": "raw.bin", "content": base64.b64encode(png).decode(), "encoding": "base64"},
+    ]
+    write = (
+        "import pandas as pd\nlabel = 'first'\npd.read_csv('data/cities.csv').to_pickle('df.pkl')"
+    )
+    async with connect(gateway_url, transport) as client:
+        first = facts(await run(client, write, files=files))
+        session_id = first["session_id"]
+        assert isinstance(session_id, str) and len(session_id) >= 22
+        assert f'[session_id: "{session_id}"' in text_of(
+            await run(client, "1", session_id=session_id)
+        )
+        assert [f["path"] for f in first["files"]] == ["df.pkl"]
+        read = (
+            f"import pandas as pd\nprint(open('raw.bin', 'rb').read() == {png!r})\n"
+            "print(pd.read_pickle('df.pkl').temp.sum())\nprint('label' in globals())"
+        )
+        second = facts(await run(client, read, session_id=session_id))
+        assert second["stdout"] == "True\n22\nFalse\n"  # files kept, variables not
+        assert second["session_id"] == session_id
+        # Another session sees none of it.
+        listing = "import os\nsorted(f for f in os.listdir() if not f.startswith('.'))"
+        other = facts(await run(client, listing))
+        assert other["session_id"] != session_id and other["stdout"] == "[]\n"
+
+
+async def test_written_files_are_resources_while_the_session_lives(
+    gateway_url: str, transport: str
+) -> None:
+    code = (
+        "import os\nopen('notes.txt', 'w').write('héllo')\n"
+        "open('blob.dat', 'wb').write(bytes(range(256)))\n"
+        "os.mkdir('sub dir')\nopen('sub dir/é 100%#?.txt', 'w').write('odd name')"
+    )
+    async with connect(gateway_url, transport) as client:
+        result = facts(await run(client, code))
+        written = {f["path"]: f for f in result["files"]}
+        assert set(written) == {"notes.txt", "blob.dat", "sub dir/é 100%#?.txt"}
+        odd = await client.read_resource(written["sub dir/é 100%#?.txt"]["uri"])
+        (content,) = odd.contents
+        assert isinstance(content, TextResourceContents) and content.text == "odd name"
+        assert written["notes.txt"]["mime_type"] == "text/plain"
+        assert written["notes.txt"]["size"] == len("héllo".encode())
+        text = await client.read_resource(written["notes.txt"]["uri"])
+        (content,) = text.contents
+        assert isinstance(content, TextResourceContents) and content.text == "héllo"
+        blob = await client.read_resource(written["blob.dat"]["uri"])
+        (content,) = blob.contents
+        assert isinstance(content, BlobResourceContents)
+        assert base64.b64decode(content.blob) == bytes(range(256))
+        templates = await client.list_resource_templates()
+        assert [t.uri_template for t in templates.resource_templates] == [
+            "session://{session_id}/{+path}"
+        ]
+        session_id = result["session_id"]
+        with pytest.raises(MCPError, match="has no file"):
+            await client.read_resource(f"session://{session_id}/absent.txt")
+        with pytest.raises(MCPError, match="does not exist"):
+            await client.read_resource("session://not-a-session/notes.txt")
+        ended = await client.call_tool("end_session", {"session_id": session_id})
+        assert not ended.is_error and "ended" in text_of(ended)
+        with pytest.raises(MCPError, match="was ended on purpose"):
+            await client.read_resource(written["notes.txt"]["uri"])
+
+
+@pytest.mark.parametrize(
+    ("files", "named"),
+    [
+        ([{"path": "../escape.txt", "content": "x"}], '"../escape.txt"'),
+        ([{"path": "a/../../escape.txt", "content": "x"}], '"a/../../escape.txt"'),
+        ([{"path": "/etc/passwd", "content": "x"}], '"/etc/passwd"'),
+        ([{"path": "a//b", "content": "x"}], '"a//b"'),
+        ([{"path": ".config/x", "content": "x"}], '".config/x"'),
+        ([{"path": "a\x00b", "content": "x"}], '"a\\u0000b"'),
+        ([{"path": "_mcp_prelude.py", "content": "x"}], '"_mcp_prelude.py"'),
+        ([{"path": "", "content": "x"}], "empty path"),
+        ([{"path": "x.bin", "content": "not base64!", "encoding": "base64"}], '"x.bin"'),
+        ([{"path": "x", "content": "1"}, {"path": "x", "content": "2"}], '"x" is sent twice'),
+        ([{"path": "a", "content": "1"}, {"path": "a/b", "content": "2"}], '"a" is sent as'),
+        ([{"path": f"f{i}", "content": ""} for i in range(65)], "at most 64"),
+        ([{"path": "big", "content": "x" * (3 * 1024 * 1024 + 1)}], "more than 3,145,728"),
+    ],
+)
+async def test_bad_files_are_refused_and_the_code_does_not_run(
+    gateway_url: str, transport: str, files: list[dict[str, str]], named: str
+) -> None:
+    async with connect(gateway_url, transport) as client:
+        result = await run(client, "open('ran', 'w').close()\nprint('ran')", files=files)
+        assert result.is_error
+        assert named in text_of(result) and "ran" not in text_of(result).split(":")[0]
+
+
+async def test_a_session_that_is_gone_is_said_never_replaced(
+    gateway_url: str, transport: str
+) -> None:
+    async with connect(gateway_url, transport) as client:
+        unknown = await run(client, "print('ran')", session_id="x" * 22)
+        assert unknown.is_error and "does not exist" in text_of(unknown)
+        assert "Call again without session_id" in text_of(unknown)
+        session_id = facts(await run(client, "1"))["session_id"]
+        await client.call_tool("end_session", {"session_id": session_id})
+        ended = await run(client, "print('ran')", session_id=session_id)
+        assert ended.is_error and "was ended on purpose" in text_of(ended)
+        again = await client.call_tool("end_session", {"session_id": session_id})
+        assert again.is_error and "was ended on purpose" in text_of(again)
+
+
+@pytest.fixture(scope="module", params=["in-process", "over-http"])
+def small_gateway(request: pytest.FixtureRequest, settings: Settings) -> Any:
+    """At most two sessions, idle for at most 1.5 s, a short time limit."""
+    small = with_time_limit(settings, 5.0).model_copy(
+        update={"max_code_sessions": 2, "code_session_idle_timeout": 1.5}
+    )
+    with gateway(small, request.param) as url:
+        yield url
+
+
+async def test_idle_sessions_expire_and_the_longest_idle_is_evicted(
+    small_gateway: str, transport: str
+) -> None:
+    async with connect(small_gateway, transport) as client:
+        first = facts(await run(client, "1"))["session_id"]
+        second = facts(await run(client, "1"))["session_id"]
+        await run(client, "1", session_id=first)  # now second is the longest idle
+        third = facts(await run(client, "1"))["session_id"]
+        evicted = await run(client, "1", session_id=second)
+        assert evicted.is_error and "to make room" in text_of(evicted)
+        facts(await run(client, "1", session_id=third))
+        started = time.monotonic()
+        await anyio.sleep(1.6)
+        expired = await run(client, "1", session_id=first)
+        assert time.monotonic() - started >= 1.5
+        assert expired.is_error and "expired after" in text_of(expired)
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(f"{small_gateway}/metrics")).text
+        for name in ('closed_total{why="evicted"}', 'closed_total{why="expired"}', "created_total"):
+            found = re.search(rf"^mcp_code_sessions_{re.escape(name)} (\S+)$", metrics, re.M)
+            assert found and float(found[1]) >= 1, name
+        assert re.search(r"^mcp_code_sessions_open \d", metrics, re.M)
+
+
+async def test_timeout_seconds_is_the_calls_limit_up_to_the_maximum(
+    small_gateway: str, transport: str
+) -> None:
+    async with connect(small_gateway, transport) as client:
+        started = time.monotonic()
+        spin = "print('spinning', flush=True)\nwhile True: pass"
+        result = await run(client, spin, timeout_seconds=1)
+        assert time.monotonic() - started < 5
+        assert "1 s" in text_of(result) or "time limit" in text_of(result)
+        lowered = facts(await run(client, "print('ok')", timeout_seconds=10**6))
+        assert lowered["stdout"] == "ok\n"
+        assert "timeout_seconds 1e+06 is above the maximum" in text_of(
+            await run(client, "1", timeout_seconds=10**6)
+        )
+
+
+async def test_concurrent_sessions_do_not_see_each_other(gateway_url: str, transport: str) -> None:
+    async with connect(gateway_url, transport) as client:
+        ids: dict[int, str] = {}
+
+        async def one(n: int) -> None:
+            result = facts(await run(client, f"open('same.txt', 'w').write('{n}')"))
+            ids[n] = result["session_id"]
+
+        async with anyio.create_task_group() as group:
+            for n in range(4):
+                group.start_soon(one, n)
+        for n, session_id in ids.items():
+            result = facts(await run(client, "open('same.txt').read()", session_id=session_id))
+            assert result["stdout"] == f"'{n}'\n"
