@@ -31,6 +31,8 @@ __all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "file_uri
 URI_SCHEME = "session"
 #: Ended sessions remembered, so that a call naming one says how it ended.
 _REMEMBERED = 10_000
+#: Characters of an unknown session id repeated in a message at most.
+_SHOWN_ID_CHARS = 64
 
 Ending = Literal["unknown", "ended", "expired", "evicted"]
 
@@ -41,6 +43,8 @@ class SessionGone(Exception):
     def __init__(self, session_id: str, why: Ending, idle_timeout: float) -> None:
         self.session_id = session_id
         self.why = why
+        if len(session_id) > _SHOWN_ID_CHARS:  # the caller's text, echoed: bounded
+            session_id = session_id[:_SHOWN_ID_CHARS] + "…"
         reason = {
             "unknown": "does not exist (it never did here, or this gateway restarted since)",
             "ended": "was ended on purpose",

@@ -142,6 +142,9 @@ async def test_a_session_that_is_gone_is_said_never_replaced(
         unknown = await run(client, "print('ran')", session_id="x" * 22)
         assert unknown.is_error and "does not exist" in text_of(unknown)
         assert "Call again without session_id" in text_of(unknown)
+        hostile = await run(client, "print('ran')", session_id="\x1b[2J" + "y" * 100_000)
+        assert hostile.is_error and "does not exist" in text_of(hostile)
+        assert len(text_of(hostile)) < 1000 and "\x1b" not in text_of(hostile)
         session_id = facts(await run(client, "1"))["session_id"]
         await client.call_tool("end_session", {"session_id": session_id})
         ended = await run(client, "print('ran')", session_id=session_id)

@@ -89,7 +89,14 @@ async def test_mcp_proxy_bridges_a_stdio_client(gateway_url: str, transport: str
         async with Client(params, mode="legacy") as client:
             tools = (await client.list_tools()).tools
             result = await client.call_tool("execute_python_code", {"code": code})
+            assert result.structured_content is not None
+            session = {"session_id": result.structured_content["session_id"]}
+            again = await client.call_tool("execute_python_code", {"code": "7 * 6", **session})
     assert sorted(t.name for t in tools) == ["end_session", "execute_python_code"]
+    assert text_of(again).startswith("42\n") and again.structured_content == {
+        **(again.structured_content or {}),
+        **session,
+    }
     assert not result.is_error
     assert text_of(result).startswith("via proxy\n")
     assert [type(c) for c in result.content[1:]] == [ImageContent]
