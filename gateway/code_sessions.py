@@ -145,6 +145,19 @@ class CodeSessions:
         self.get(session_id, owner)
         self._close(session_id, "ended")
 
+    def is_open(self, session: CodeSession) -> bool:
+        """Whether ``session`` is still open (not ended, expired or evicted)."""
+        return self._open.get(session.id) is session
+
+    def gone(self, session_id: str) -> SessionGone:
+        """The error for a call naming ``session_id``, now closed."""
+        return SessionGone(session_id, self._ended.get(session_id, "unknown"), self.idle_timeout)
+
+    def discard(self, session: CodeSession) -> None:
+        """Forget a session whose id nobody was told (its first call failed)."""
+        if self.is_open(session):
+            del self._open[session.id]
+
     def expire(self) -> None:
         """Close the sessions idle for longer than ``idle_timeout`` (unless a call is running)."""
         deadline = time.monotonic() - self.idle_timeout

@@ -232,16 +232,25 @@ class Gateway:
                     max_bytes=self.settings.max_upload_bytes,
                 )
                 session = self._session(session_id)
+                self._check_room(session, uploads)
             except (UploadRefused, SessionGone) as exc:
                 outcome = "refused"
                 raise ToolError(str(exc)) from exc
             log.update(session_id=session.id, files_sent=len(uploads))
             time_limit, lowered = self._time_limit(timeout_seconds)
             async with session.lock:
+                if not self.sessions.is_open(session):  # closed while this call waited
+                    outcome = "refused"
+                    raise ToolError(str(self.sessions.gone(session.id)))
                 self.sessions.touch(session)
-                result = await self._evaluate_with_progress(
-                    code, ctx, started, session, uploads, time_limit
-                )
+                try:
+                    result = await self._evaluate_with_progress(
+                        code, ctx, started, session, uploads, time_limit
+                    )
+                except ServiceFailure:
+                    if session_id is None:  # nobody learns its id: it would only wait to expire
+                        self.sessions.discard(session)
+                    raise
                 view = self._keep_files(session, uploads, result)
                 self.sessions.touch(session)
             view.time_limit_lowered = lowered
@@ -307,6 +316,21 @@ class Gateway:
         if session_id is None:
             return self.sessions.create(owner)
         return self.sessions.get(session_id, owner)
+
+    def _check_room(self, session: CodeSession, uploads: dict[str, bytes]) -> None:
+        """Refuse files that would make the session hold more than it may.
+
+        Raises:
+            UploadRefused: they would.
+        """
+        limit = self.settings.max_session_bytes
+        replaced = sum(len(session.files.get(path, b"")) for path in uploads)
+        after = session.size - replaced + sum(map(len, uploads.values()))
+        if uploads and after > limit:
+            raise UploadRefused(
+                f"With these files the session would hold {after:,} bytes of files; it may hold "
+                f"{limit:,}. Send smaller files, or start a new session."
+            )
 
     def _time_limit(self, asked: float | None) -> tuple[float | None, float | None]:
         """The call's time limit (``None``: the service's own) and, if lowered, what was asked."""

@@ -155,9 +155,13 @@ async def test_a_session_that_is_gone_is_said_never_replaced(
 
 @pytest.fixture(scope="module", params=["in-process", "over-http"])
 def small_gateway(request: pytest.FixtureRequest, settings: Settings) -> Any:
-    """At most two sessions, idle for at most 1.5 s, a short time limit."""
+    """At most two sessions of 64 KiB, idle for at most 1.5 s, a short time limit."""
     small = with_time_limit(settings, 5.0).model_copy(
-        update={"max_code_sessions": 2, "code_session_idle_timeout": 1.5}
+        update={
+            "max_code_sessions": 2,
+            "code_session_idle_timeout": 1.5,
+            "max_session_bytes": 64 * 1024,
+        }
     )
     with gateway(small, request.param) as url:
         yield url
@@ -217,3 +221,24 @@ async def test_concurrent_sessions_do_not_see_each_other(gateway_url: str, trans
         for n, session_id in ids.items():
             result = facts(await run(client, "open('same.txt').read()", session_id=session_id))
             assert result["stdout"] == f"'{n}'\n"
+
+
+async def test_a_session_holds_a_bounded_amount_of_files(
+    small_gateway: str, transport: str
+) -> None:
+    async with connect(small_gateway, transport) as client:
+        files = [{"path": "a.txt", "content": "a" * 40_000}]
+        first = facts(await run(client, "print('ran')", files=files))
+        session = {"session_id": first["session_id"]}
+        more = [{"path": "b.txt", "content": "b" * 40_000}]
+        refused = await run(client, "print('ran')", files=more, **session)
+        assert refused.is_error and "may hold 65,536" in text_of(refused)
+        same = facts(await run(client, "print(len(open('a.txt').read()))", files=files, **session))
+        assert same["stdout"] == "40000\n"  # a file sent again replaces itself
+        big = "open('big.bin', 'wb').write(b'x' * 100_000);\nopen('small.txt', 'w').write('s');"
+        written = facts(await run(client, big, **session))
+        uris = {f["path"]: f["uri"] for f in written["files"]}
+        assert uris["big.bin"] is None and uris["small.txt"] is not None
+        assert "not kept in the session" in text_of(await run(client, big, **session))
+        gone = await run(client, "print(open('big.bin').read())", **session)
+        assert "FileNotFoundError" in facts(gone)["stdout"]
