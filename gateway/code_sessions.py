@@ -21,11 +21,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-__all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "file_uri", "parse_uri"]
+__all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "file_uri"]
 
 #: The scheme of the files' resource URIs: ``session://<session id>/<path, percent-encoded>``.
 URI_SCHEME = "session"
@@ -183,14 +183,3 @@ class CodeSessions:
 def file_uri(session_id: str, path: str) -> str:
     """The resource URI of a session's file."""
     return f"{URI_SCHEME}://{session_id}/{quote(path, safe='/')}"
-
-
-def parse_uri(uri: str) -> tuple[str, str] | None:
-    """``(session id, path)`` of a URI made by :func:`file_uri`; ``None`` if it is not one."""
-    prefix = f"{URI_SCHEME}://"
-    if not uri.startswith(prefix):
-        return None
-    session_id, slash, path = uri[len(prefix) :].partition("/")
-    if not session_id or not slash or not path:
-        return None
-    return session_id, unquote(path)
