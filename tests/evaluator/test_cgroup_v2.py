@@ -71,8 +71,9 @@ pytestmark = [
 PROJECT = Path(__file__).resolve().parents[2]
 #: Far above what any run here needs, even emulated.
 TIME_LIMIT = 60.0
-#: The limit of the time-limit test: time enough for the emulated interpreter to start.
-KILL_LIMIT = 10.0
+#: The limit of the time-limit test: time enough for the emulated interpreter to start and
+#: fork, even with the host's cores busy (10 s was not: a CPU hog on the host, under TCG).
+KILL_LIMIT = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +178,7 @@ async def test_a_run_is_killed_at_the_time_limit() -> None:
         result = await run(short, code)
         elapsed = time.monotonic() - started
     assert (result.returncode, result.stdout, result.ended_by) == (137, "started\n", "time_limit")
-    assert KILL_LIMIT <= elapsed < KILL_LIMIT + 10
+    assert KILL_LIMIT <= elapsed < KILL_LIMIT + 30
 
 
 # --- isolation ---------------------------------------------------------------------------------
