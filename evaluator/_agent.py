@@ -11,6 +11,11 @@ the same exit statuses; then it ends as the interpreter's shutdown does, short o
 modules down (see :func:`finish`). EOF without the marker: the sandbox was not used, and it
 exits at once. The time limit starts when the arguments are written.
 
+``python <this file> --session <module>...`` is the interpreter of a session (see
+:func:`serve_cells`): it runs cell after cell in one ``__main__``, each framed on fd 5, and
+says how each ended on fd 6, until fd 5 is closed. A warm agent becomes one when it is handed
+:data:`SESSION` instead of a run's arguments.
+
 Standard library only, and nothing of the evaluator: the sandbox's interpreter may be another
 Python than the service's.
 """
@@ -28,6 +33,17 @@ if TYPE_CHECKING:
 WARM = b"\x07"
 RELEASE = b"\xffrun\xff"
 REQUEST_FD = 5
+# A session's frames on fd 5: a kind, the payload's length (4 bytes, big-endian), the payload.
+CELL = b"c"
+INTERRUPT = b"i"
+#: Where a session's interpreter writes each cell's status (4 bytes, big-endian, signed).
+STATUS_FD = 6
+#: The status of a cell that ended by an uncaught KeyboardInterrupt, as a shell reports SIGINT.
+INTERRUPTED = 130
+#: Written alone on fd 5 of a warm agent (instead of a run's arguments): it becomes a session's.
+SESSION = b"\xffsession\xff"
+#: Seconds between the SIGINTs of an interrupt, until the cell ends.
+_INTERRUPT_EVERY = 0.25
 
 
 def warm(names: "list[str]") -> None:
@@ -59,10 +75,16 @@ def warm(names: "list[str]") -> None:
             os.close(fd)
 
 
-def request() -> "list[str] | None":
-    """The run's arguments, or ``None`` when the sandbox is not used."""
-    chunks = []
-    while chunk := os.read(REQUEST_FD, 65536):
+def request() -> "list[str] | bytes | None":
+    """The run's arguments; :data:`SESSION` when the sandbox becomes a session's (see
+    :func:`serve_cells`); ``None`` when it is not used."""
+    # The marker is one write of less than PIPE_BUF, read whole; the session's first cell may
+    # be in the pipe behind it already, and is not this function's to read.
+    first = os.read(REQUEST_FD, len(SESSION))
+    if first == SESSION:
+        return SESSION
+    chunks = [first]
+    while first and (chunk := os.read(REQUEST_FD, 65536)):
         chunks.append(chunk)
     os.close(REQUEST_FD)
     data = b"".join(chunks)
@@ -163,10 +185,168 @@ def finish(status: int, main: "ModuleType") -> None:
     os._exit(status & 0xFF)
 
 
+def serve_cells() -> None:
+    """Run cells, each in the same ``__main__``, until fd 5 is closed; then exit.
+
+    A thread reads fd 5: a cell is handed to the main thread, which runs it as :func:`run`
+    would (``sys.exit()`` ends the cell with its status, not the interpreter) and writes its
+    status on fd 6; an interrupt while a cell runs is a SIGINT to the main thread, so that even
+    a ``time.sleep`` ends with KeyboardInterrupt. ``sys._mcp_session`` tells the prelude it
+    runs in a session (it then keeps the namespace and ends a cell, not the process).
+    """
+    import _thread
+    import signal
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for cells, set for each
+    main = type(sys)("__main__")
+    sys._mcp_session = True  # type: ignore[attr-defined]
+    cells: list[bytes] = []
+    arrived = _thread.allocate_lock()
+    arrived.acquire()
+    guard = _thread.allocate_lock()
+    running = [False]
+    interrupted = [False]
+    main_thread = _thread.get_ident()
+    agent = os.getpid()
+
+    def read_frames() -> None:
+        while True:
+            head = _read_exact(5)
+            payload = _read_exact(int.from_bytes(head[1:], "big")) if head else None
+            if head is None or payload is None:
+                break
+            if head[:1] == CELL:
+                cells.append(payload)
+                arrived.release()
+            elif head[:1] == INTERRUPT:
+                # Again until the cell ends: one KeyboardInterrupt can be swallowed (by an
+                # ``except BaseException``, or by a callback that only reports it, as those
+                # that run around os.fork do); the service kills the interpreter after its grace.
+                while True:
+                    with guard:
+                        if not running[0]:
+                            break
+                        interrupted[0] = True
+                        signal.pthread_kill(main_thread, signal.SIGINT)
+                    time.sleep(_INTERRUPT_EVERY)
+        cells.append(b"")  # EOF: the session is over
+        arrived.release()
+
+    _thread.start_new_thread(read_frames, ())
+    while True:
+        arrived.acquire()
+        payload = cells.pop(0)
+        if not payload:
+            os._exit(0)
+        args = [os.fsdecode(arg) for arg in payload.split(b"\0")[:-1]]
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with guard:
+            running[0] = True
+        status = INTERRUPTED
+        try:
+            status = _run_cell(args, main)
+        except KeyboardInterrupt:
+            pass
+        if os.getpid() != agent:  # a child the cell forked, at the cell's end: it ends there
+            os._exit(status & 0xFF)
+        while True:  # an interrupt that comes late must not end the interpreter
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                with guard:
+                    running[0] = False
+                break
+            except KeyboardInterrupt:
+                continue
+        if interrupted[0]:  # at the time limit: what the cell started goes too (a fork bomb)
+            interrupted[0] = False
+            _stop_the_cells_processes()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        os.write(STATUS_FD, status.to_bytes(4, "big", signed=True))
+
+
+def _stop_the_cells_processes() -> None:
+    """SIGKILL every other process of the sandbox but its init (kill(-1) spares those two),
+    then reap this one's children."""
+    import signal
+    import time
+
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+    deadline = time.monotonic() + 1.0  # SIGKILL lands at once; a zombie is reaped here
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.01)
+
+
+def _read_exact(size: int) -> "bytes | None":
+    """``size`` bytes from fd 5, or ``None`` at EOF first."""
+    data = b""
+    while len(data) < size:
+        chunk = os.read(REQUEST_FD, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _run_cell(args: "list[str]", main: "ModuleType") -> int:
+    """One cell: ``args`` run as :func:`run` runs them, in ``main``; its status."""
+    import builtins
+
+    if not main.__dict__:
+        main.__dict__.update(__builtins__=builtins, __annotations__={})
+    if args[0] == "-c":
+        source: str | bytes = args[1]
+        filename = "<string>"
+        sys.argv[:] = ["-c", *args[2:]]
+        sys.path[0] = ""
+    else:
+        filename = os.path.abspath(args[0])
+        sys.argv[:] = list(args)
+        sys.path[0] = os.path.dirname(filename)
+        try:
+            with open(args[0], "rb") as file:
+                source = file.read()
+        except OSError as exc:
+            sys.stderr.write(f"{sys.executable}: can't open file {args[0]!r}: {exc}\n")
+            return 2
+    sys.modules["__main__"] = main
+    try:
+        exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)
+    except SystemExit as exc:
+        return exit_status(exc.code)
+    except BaseException as exc:
+        tb = exc.__traceback__
+        exc.__traceback__ = tb.tb_next if tb is not None else None
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        return INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
+    return 0
+
+
 if __name__ == "__main__":
-    warm(sys.argv[1:])
+    session = sys.argv[1:2] == ["--session"]
+    warm(sys.argv[2:] if session else sys.argv[1:])
     os.write(1, WARM)
+    if session:
+        serve_cells()
     arguments = request()
-    if arguments is None:
+    if arguments == SESSION:
+        serve_cells()
+    if not isinstance(arguments, list):
         os._exit(0)
+    try:  # a run, not a session: the code gets no descriptor of the service's
+        os.close(STATUS_FD)
+    except OSError:
+        pass
     finish(*run(arguments))

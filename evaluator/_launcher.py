@@ -35,8 +35,9 @@ import sys
 
 _RELEASE = b"\xffrun\xff"
 _ARGS_FD = 3
-# stdin, stdout, stderr, the command line, the seccomp program, a warm agent's request pipe
-_KEPT_FDS = 6
+# stdin, stdout, stderr, the command line, the seccomp program, a warm agent's request pipe and
+# a session agent's status pipe
+_KEPT_FDS = 7
 
 _MOUNTED = b"\x06"
 

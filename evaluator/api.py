@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 import posixpath
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from snekbox_client import (
     CONTENT_WANTED_FIELD,
+    SESSION_FIELD,
     TIME_LIMIT_FIELD,
     ContentWanted,
     EvalRequest,
@@ -69,8 +70,9 @@ REQUEST_SCHEMA: dict[str, Any] = {
             },
         },
         "executable_path": {"type": "string"},
-        # This project's extension (see snekbox_client.TIME_LIMIT_FIELD).
+        # This project's extensions (see snekbox_client.TIME_LIMIT_FIELD, SESSION_FIELD).
         "time_limit": {"type": "number", "exclusiveMinimum": 0},
+        "session": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
     },
     "anyOf": [{"required": ["input"]}, {"required": ["args"]}],
 }
@@ -153,6 +155,7 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
         executable_path=body.get("executable_path") or None,
         content_wanted=content_wanted,
         time_limit=body.get(TIME_LIMIT_FIELD),
+        session=body.get(SESSION_FIELD),
     )
 
 
@@ -297,6 +300,16 @@ class _EvalEndpoint:
         return data
 
 
+def _session_endpoint(evaluator: Evaluator) -> Callable[[Request], Awaitable[Response]]:
+    """``DELETE /sessions/<id>``: end a live session (this project's extension)."""
+
+    async def end(request: Request) -> Response:
+        await evaluator.end_session(request.path_params["session"])
+        return Response(status_code=204)
+
+    return end
+
+
 async def _wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -329,7 +342,10 @@ def create_app(evaluator: Evaluator, *, manage_evaluator: bool = False) -> Starl
                 await evaluator.aclose()
 
     return Starlette(
-        routes=[Route("/eval", _EvalEndpoint(evaluator).handle, methods=["POST", "OPTIONS"])],
+        routes=[
+            Route("/eval", _EvalEndpoint(evaluator).handle, methods=["POST", "OPTIONS"]),
+            Route("/sessions/{session}", _session_endpoint(evaluator), methods=["DELETE"]),
+        ],
         exception_handlers={404: _not_found, 405: _method_not_allowed},
         lifespan=lifespan,
     )

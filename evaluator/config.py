@@ -98,6 +98,10 @@ class EvaluatorConfig(ExplicitSettings):
             the Agg backend); what the code does not import still costs its memory.
         warm_sandboxes: Sandboxes kept warm while idle: started, their interpreter running and
             ``preimport`` imported, each used by one run; 0 turns them off.
+        max_sessions: Live sessions (a sandbox and its interpreter kept between runs, see
+            :attr:`snekbox_client.EvalRequest.session`) at once; ``None``: half the memory over
+            ``memory_limit``.
+        session_idle_timeout: Seconds a live session may go without a run before it ends.
         max_request_files: Files a request may send in (Snekbox returns at most 100; more
             only cost the service time to validate).
         max_request_bytes: The largest request body. ``None``: the working directory's worth
@@ -174,6 +178,19 @@ class EvaluatorConfig(ExplicitSettings):
         Field(ge=0, le=10_000),
         Flag("sandboxes kept warm while idle (interpreter started, PREIMPORT imported); 0: none"),
     ] = 2
+    max_sessions: Annotated[
+        int | None,
+        Field(ge=0, le=100_000),
+        Flag(
+            "live sessions at once (the longest idle ends first); 0: none",
+            default="half the machine's memory over the memory limit",
+        ),
+    ] = None
+    session_idle_timeout: Annotated[
+        float,
+        Field(gt=0, le=7 * 86400),
+        Flag("seconds a live session may go without a run before it ends"),
+    ] = 900.0
     max_request_bytes: Annotated[
         int | None,
         Field(ge=1, le=1 << 40),
@@ -246,6 +263,14 @@ class EvaluatorConfig(ExplicitSettings):
         if self.max_request_bytes is not None:
             return self.max_request_bytes
         return -(-self.workdir_size * MiB * 4 // 3) + 4 * MiB
+
+    @property
+    def session_limit(self) -> int:
+        """Live sessions at once: :attr:`max_sessions`, or as many as half the memory holds."""
+        if self.max_sessions is not None:
+            return self.max_sessions
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return max(1, total // 2 // (self.memory_limit * MiB))
 
     @property
     def queue_limit(self) -> int:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from . import _agent
 from .cgroups import RunCgroup
 from .procfs import reap_owned, spawn_owned
 
@@ -198,8 +199,11 @@ class JailedProcess:
         output_fd: int,
         cgroup: RunCgroup | None,
         request_fd: int | None = None,
+        status_fd: int | None = None,
     ) -> None:
         self.pid = pid
+        #: A session agent's status pipe (see :meth:`run_cell`).
+        self._status_fd = status_fd
         self._args_fd: int | None = args_fd
         #: The warm agent's request pipe (see :meth:`deliver`); ``None`` for a plain launch.
         self._request_fd = request_fd
@@ -225,6 +229,7 @@ class JailedProcess:
         cgroup: RunCgroup | None,
         seccomp_fd: int | None = None,
         warm: bool = False,
+        session: bool = False,
     ) -> JailedProcess:
         """Start the launcher; it blocks until :meth:`release` (or exits on :meth:`cancel`).
 
@@ -233,30 +238,38 @@ class JailedProcess:
             cgroup: The run's cgroups (``spec`` names their ``cgroup.procs`` files).
             seccomp_fd: A seccomp program, handed to the launcher as fd 4.
             warm: Hand it fd 5, the request pipe of a warm agent (see :meth:`deliver`).
+            session: And fd 6, where a session's agent says how each cell ended (see
+                :meth:`run_cell`).
         """
+        warm = warm or session
         args_r, args_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         request_r, request_w = os.pipe2(os.O_CLOEXEC) if warm else (None, None)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC) if session else (None, None)
         fds = [null, out_w, out_w, args_r]
         if seccomp_fd is not None or request_r is not None:
             fds.append(null if seccomp_fd is None else seccomp_fd)
         if request_r is not None:
             fds.append(request_r)
+        if status_w is not None:
+            fds.append(status_w)
         try:
             argv = spec.argv()
             pid = spawn_owned(argv[0], argv, fds=fds, env={})
         except BaseException:
-            for fd in (args_w, out_r, request_w):
+            for fd in (args_w, out_r, request_w, status_r):
                 if fd is not None:
                     os.close(fd)
             raise
         finally:
-            for fd in (args_r, out_w, null, request_r):
+            for fd in (args_r, out_w, null, request_r, status_w):
                 if fd is not None:
                     os.close(fd)
         os.set_blocking(out_r, False)
-        return cls(pid, args_w, out_r, cgroup, request_w)
+        if status_r is not None:
+            os.set_blocking(status_r, False)
+        return cls(pid, args_w, out_r, cgroup, request_w, status_r)
 
     async def mounted(self) -> bool:
         """Wait until the launcher has mounted the working directory (``LaunchSpec.workdir``).
@@ -286,6 +299,29 @@ class JailedProcess:
             return True
         self._early = first
         return False
+
+    async def first_output(self, seconds: float) -> bytes:
+        """What the process writes first (a warm agent's WARM, or why it failed); ``b""`` at
+        EOF or after ``seconds``."""
+        if self._output_fd is None:
+            return b""
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+        fd = self._output_fd
+
+        def on_readable() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(fd, on_readable)
+        try:
+            await asyncio.wait((readable,), timeout=seconds)
+        finally:
+            loop.remove_reader(fd)
+        try:
+            return os.read(fd, 4096)
+        except BlockingIOError:
+            return b""
 
     def release(self, argv: Sequence[str], time_limit: float | None) -> None:
         """Hand the launcher its command line: it execs it now, and the clock starts.
@@ -317,6 +353,15 @@ class JailedProcess:
         fd, self._request_fd = self._request_fd, None
         _write_args(fd, args)
         self._start_clock(time_limit)
+
+    def become_session(self) -> None:
+        """Make a warm agent (spawned with ``session``) a session's: it runs cells from now on
+        (see :meth:`run_cell`) instead of one run."""
+        if self._request_fd is None or self._status_fd is None or self.released_at is None:
+            raise RuntimeError("become_session() needs a released warm agent with a status pipe")
+        self.stop_watching()
+        with contextlib.suppress(BrokenPipeError):  # an empty pipe: one write, never blocks
+            os.write(self._request_fd, _agent.SESSION)
 
     def watch(self, on_output: Callable[[bytes], bool]) -> None:
         """Until :meth:`deliver`, hand what the agent writes to ``on_output`` as it comes.
@@ -450,6 +495,159 @@ class JailedProcess:
             returncode = 128 + signal.SIGKILL
         return Outcome(returncode, bytes(output), ended_by)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the process has not exited yet."""
+        return self._returncode is None and not select.select([self._pidfd], [], [], 0)[0]
+
+    async def run_cell(
+        self, args: Sequence[str], *, time_limit: float, output_limit: int, grace: float
+    ) -> Outcome:
+        """Run one cell in a session's agent (released with ``release(argv, None)``).
+
+        The cell ends when the agent writes its status, or when the process ends. Past
+        ``time_limit`` seconds the agent is interrupted (KeyboardInterrupt; it then kills the
+        cell's other processes); if the cell has not ended ``grace`` seconds later, the tree is
+        killed. Past ``output_limit`` bytes, as for a one-shot run, bwrap gets SIGTERM (143)
+        and the interpreter ends. :attr:`alive` then says whether it lives on.
+
+        Raises:
+            ValueError: an argument contains a NUL byte.
+        """
+        if self._request_fd is None or self._status_fd is None or self._output_fd is None:
+            raise RuntimeError("run_cell() needs a released session agent")
+        if any("\0" in arg for arg in args):
+            raise ValueError("embedded null byte")
+        payload = b"".join(os.fsencode(arg) + b"\0" for arg in args)
+        loop = asyncio.get_running_loop()
+        output = bytearray()
+        status = bytearray()
+        ended_by: Literal["exit", "time_limit", "output_limit"] = "exit"
+        done: asyncio.Future[None] = loop.create_future()
+        output_fd, status_fd = self._output_fd, self._status_fd
+
+        def finish() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def interrupt() -> None:
+            nonlocal ended_by
+            if ended_by == "exit":
+                ended_by = "time_limit"
+                self._send(_agent.INTERRUPT, b"")
+
+        def on_output() -> None:
+            try:
+                chunk = os.read(output_fd, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                loop.remove_reader(output_fd)
+                finish()
+                return
+            nonlocal ended_by
+            room = output_limit - len(output)
+            output.extend(chunk[: max(room, 0)])
+            if len(chunk) > room and ended_by == "exit":
+                # As for a one-shot run (143): the interpreter ends, the session with it.
+                ended_by = "output_limit"
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
+
+        def on_status() -> None:
+            try:
+                chunk = os.read(status_fd, 4 - len(status))
+            except BlockingIOError:
+                return
+            status.extend(chunk)
+            if not chunk or len(status) == 4:
+                loop.remove_reader(status_fd)
+                finish()
+
+        loop.add_reader(output_fd, on_output)
+        loop.add_reader(status_fd, on_status)
+        loop.add_reader(self._pidfd, finish)
+        try:
+            # Within the time limit: an agent that does not read (a thread of an earlier cell
+            # holding the GIL) must not hold up the service, only its own cell.
+            self.released_at = time.monotonic()
+            frame = _agent.CELL + len(payload).to_bytes(4, "big") + payload
+            await self._write_within(frame, time_limit)
+            remaining = time_limit - (time.monotonic() - self.released_at)
+            await asyncio.wait((done,), timeout=max(remaining, 0))
+            if not done.done():
+                interrupt()
+                await asyncio.wait((done,), timeout=grace)
+            if not done.done():
+                self.kill()
+                await asyncio.wait((done,), timeout=_KILL_GRACE)
+        finally:
+            for fd in (output_fd, status_fd, self._pidfd):
+                loop.remove_reader(fd)
+        while True:  # what the cell wrote before its status is in the pipe by now
+            try:
+                chunk = os.read(output_fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            output.extend(chunk[: max(output_limit - len(output), 0)])
+        if len(status) == 4 and self.alive:
+            return Outcome(int.from_bytes(status, "big", signed=True), bytes(output), ended_by)
+        # The agent is gone (or closed its status pipe): bwrap follows it in a moment.
+        if self.alive and not await self._exits_within(_DRAIN_GRACE):
+            self.kill()
+            await self._exits_within(_KILL_GRACE)
+        returncode = self._reap(block=False)
+        if ended_by == "time_limit":  # killed after the grace
+            returncode = 128 + signal.SIGKILL
+        return Outcome(returncode, bytes(output), ended_by)
+
+    def _send(self, kind: bytes, payload: bytes) -> None:
+        """A small frame to a session's agent (its kind, its length, the payload), if the
+        pipe has room: one that does not fit would not be read anyway."""
+        if self._request_fd is None:
+            return
+        os.set_blocking(self._request_fd, False)
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):  # then killed after grace
+            os.write(self._request_fd, kind + len(payload).to_bytes(4, "big") + payload)
+
+    async def _write_within(self, data: bytes, seconds: float) -> bool:
+        """Write ``data`` to the request pipe; whether it all went within ``seconds``."""
+        fd = self._request_fd
+        if fd is None:
+            return False
+        os.set_blocking(fd, False)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+                continue
+            except BrokenPipeError:
+                return False  # the agent is gone; the cell ends with the process
+            except BlockingIOError:
+                pass
+            writable: asyncio.Future[None] = loop.create_future()
+
+            def on_writable(ready: asyncio.Future[None] = writable) -> None:
+                if not ready.done():
+                    ready.set_result(None)
+
+            loop.add_writer(fd, on_writable)
+            try:
+                await asyncio.wait((writable,), timeout=max(deadline - loop.time(), 0))
+            finally:
+                loop.remove_writer(fd)
+            if not writable.done():
+                return False
+        return True
+
+    def end_session(self) -> None:
+        """Close a session agent's request pipe: it exits once its cell, if any, ends."""
+        self.cancel()
+
     def _reap(self, *, block: bool) -> int:
         """Reap the child through its pidfd (never another process), once; never raises.
 
@@ -492,9 +690,11 @@ class JailedProcess:
                 self.kill()
                 await self._exits_within(_KILL_GRACE)
             self._reap(block=True)
-        if self._output_fd is not None:
-            os.close(self._output_fd)
-            self._output_fd = None
+        for name in ("_output_fd", "_status_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
         os.close(self._pidfd)
 
     async def _exits_within(self, seconds: float) -> bool:

@@ -165,11 +165,12 @@ class SandboxPool:
         self._agent, self._warm_target, self._idle_since = agent, count, idle_since
         self._warm_up()
 
-    def prepare(self, *, warm: bool = False) -> Sandbox:
+    def prepare(self, *, warm: bool = False, session: bool = False) -> Sandbox:
         """Make a sandbox: working directory, cgroups, and the process waiting in them.
 
         ``warm``: a sandbox for the agent, in a cgroup made in the background (see
-        :meth:`start_warming`), the launcher given a request pipe.
+        :meth:`start_warming`), the launcher given a request pipe. ``session``: for a
+        session's agent, in the foreground, given a request pipe and a status pipe.
 
         Raises:
             OSError: any part could not be made (what was made is removed again).
@@ -198,7 +199,9 @@ class SandboxPool:
             )
             seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None
             try:
-                process = JailedProcess.spawn(spec, cgroup=cgroup, seccomp_fd=seccomp_fd, warm=warm)
+                process = JailedProcess.spawn(
+                    spec, cgroup=cgroup, seccomp_fd=seccomp_fd, warm=warm, session=session
+                )
             finally:
                 if seccomp_fd is not None:
                     os.close(seccomp_fd)
@@ -209,7 +212,7 @@ class SandboxPool:
             workdir.remove()
             self._users.give_back(user)
             raise
-        return Sandbox(workdir, cgroup, process, user, warm)
+        return Sandbox(workdir, cgroup, process, user, warm or session)
 
     def retire(self, sandbox: Sandbox) -> None:
         """Dispose of a used sandbox in the background, then prepare the slot's next one."""
@@ -268,7 +271,8 @@ class SandboxPool:
             and (background or not self._warming)
         ):
             try:
-                sandbox = self.prepare(warm=True)
+                # With a status pipe: a session may take it (see JailedProcess.become_session).
+                sandbox = self.prepare(warm=True, session=True)
             except OSError:
                 log.exception("could not prepare a warm sandbox")
                 return

@@ -35,6 +35,7 @@ from .host import (
     sandbox_view,
 )
 from .jail import INVALID_UTF8, Outcome, SandboxView, decode_output
+from .live import LiveSessions
 from .models import Limit
 from .pool import Sandbox, SandboxPool
 from .users import RunUsers, covers
@@ -78,6 +79,7 @@ class Evaluator:
         # When the last run ended (see SandboxPool.start_warming); none yet: idle since ever.
         self._idle_since = float("-inf")
         self._pool: SandboxPool | None = None
+        self._live: LiveSessions | None = None
         self._fontlist_task: asyncio.Task[None] | None = None
         self._bytecode_task: asyncio.Future[None] | None = None
         self._root: WorkdirRoot | None = None
@@ -200,6 +202,7 @@ class Evaluator:
             host_env=environment(config) if config.unsandboxed else None,
             ready=config.concurrency if config.prewarm else 0,
         )
+        self._live = LiveSessions(pool, self._session_argv, config, _ended_by)
         return pool
 
     async def run(self, request: EvalRequest) -> EvalResult:
@@ -220,6 +223,8 @@ class Evaluator:
         command = [self._executable(request.executable_path), *_lstrip_empty(request.argv)]
         if any("\0" in arg for arg in command):
             return EvalResult("ValueError: embedded null byte", None)
+        if request.session is not None:
+            return await self._run_in_session(request.session, command, request)
         async with self._slot():
             sandbox = pool.take_warm() if self._warm_eligible(command) else None
             sandbox = sandbox or pool.take()
@@ -233,9 +238,47 @@ class Evaluator:
             finally:
                 pool.retire(sandbox)
 
+    async def end_session(self, session: str) -> None:
+        """End a live session now (see :mod:`.live`); one it does not hold is no error."""
+        if self._live is not None:
+            await self._live.end(session)
+
+    @property
+    def live_sessions(self) -> int:
+        """Live sessions open now."""
+        return self._live.count if self._live is not None else 0
+
+    async def _run_in_session(
+        self, session: str, command: list[str], request: EvalRequest
+    ) -> EvalResult:
+        live = self._live
+        if live is None or self.config.session_limit == 0:
+            return EvalResult("sessions are turned off (EVALUATOR_MAX_SESSIONS=0)", None)
+        if not self._warm_eligible(command):
+            return EvalResult(
+                "a session runs the default interpreter with -c CODE or a script, and no "
+                "other option",
+                None,
+            )
+        time_limit = min(request.time_limit or self.config.time_limit, self.config.time_limit)
+        async with self._slot():
+            try:
+                return await live.run(session, command[1:], request, time_limit)
+            except (OSError, RuntimeError) as exc:
+                log.warning("a live session could not start: %s", exc)
+                return EvalResult(f"the session's interpreter could not start: {exc}", None)
+
+    def _session_argv(self, sandbox: Sandbox) -> list[str]:
+        """bwrap's command line of a session's agent (see :mod:`.live`)."""
+        agent = _AGENT_IN_SANDBOX if self._view is not None else self._agent_file
+        command = [self.config.executable, agent, "--session", *self.config.preimport]
+        return self._argv(command, sandbox.workdir, [(self._agent_file, _AGENT_IN_SANDBOX)])
+
     async def aclose(self) -> None:
         """Stop: wait for the runs' clean-up, remove every sandbox, the cgroups and directories."""
         self._closing = True
+        if self._live is not None:
+            await self._live.aclose()
         if self._pool is not None:
             await self._pool.aclose()
         if self._fontlist_task is not None:  # it disposes of its own sandbox

@@ -248,6 +248,21 @@ class Workdir:
         finally:
             os.close(root_fd)
 
+    def snapshot(self, *, timeout: float) -> dict[str, int]:
+        """The mtimes (ns) of the files :meth:`collect` would return now: a session's cell
+        returns only what it changes.
+
+        Raises:
+            CollectError: as :meth:`collect`.
+        """
+        root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
+        try:
+            found: list[tuple[str, os.stat_result]] = []
+            _scan(root_fd, "", 0, found, time.monotonic() + timeout)
+            return {rel: info.st_mtime_ns for rel, info in found}
+        finally:
+            os.close(root_fd)
+
     def remove(self) -> None:
         """Unmount and delete the directory."""
         if self._fd is not None:

@@ -2,9 +2,10 @@
 
 A call without ``session_id`` starts a session; the result names it, and a later call that
 passes it continues it. What a session keeps here is its files: those sent in and those its
-runs wrote, carried into every later run through the ``files`` of ``POST /eval`` (so that it
-works the same in front of Snekbox, which keeps nothing between runs) and readable with MCP
-``resources/read`` (:func:`file_uri`) while the session lives.
+runs wrote, readable with MCP ``resources/read`` (:func:`file_uri`) while the session lives.
+The built-in evaluator keeps a live interpreter per session (its variables, imports and files);
+in front of Snekbox, which keeps nothing between runs, the files are carried into every run
+through the ``files`` of ``POST /eval``, and into a new interpreter when one ended.
 
 A session ends when its client ends it, after ``idle_timeout`` seconds without a call, or when
 a new one needs its room (``max_sessions``: the longest idle goes first). A call naming an
@@ -19,6 +20,7 @@ import asyncio
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import quote
@@ -67,6 +69,9 @@ class CodeSession:
     files: dict[str, bytes] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
     calls: int = 0
+    #: Whether the evaluator holds a live interpreter for it (the built-in evaluator's
+    #: sessions): its files are then in that sandbox already, and not sent again.
+    live: bool = False
     #: One call at a time: a second one waits, as a notebook runs one cell at a time.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -84,9 +89,12 @@ class CodeSessions:
         max_sessions: int,
         idle_timeout: float,
         registry: CollectorRegistry,
+        on_close: Callable[[str], None] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
+        #: Called with the id of each session that closes (its interpreter is to end too).
+        self.on_close = on_close
         self._open: OrderedDict[str, CodeSession] = OrderedDict()  # least recently used first
         self._ended: OrderedDict[str, Ending] = OrderedDict()
         self._open_gauge = Gauge(
@@ -157,6 +165,8 @@ class CodeSessions:
         """Forget a session whose id nobody was told (its first call failed)."""
         if self.is_open(session):
             del self._open[session.id]
+            if self.on_close is not None:
+                self.on_close(session.id)
 
     def expire(self) -> None:
         """Close the sessions idle for longer than ``idle_timeout`` (unless a call is running)."""
@@ -170,6 +180,8 @@ class CodeSessions:
     def _close(self, session_id: str, why: Ending) -> None:
         session = self._open.pop(session_id)
         session.files.clear()
+        if self.on_close is not None:
+            self.on_close(session_id)
         self._ended[session_id] = why
         while len(self._ended) > _REMEMBERED:
             self._ended.popitem(last=False)

@@ -75,6 +75,7 @@ class Facts:
             duration,
             result.ended_by,
             memory_limit_mib=memory_limit_mib,
+            session_ended=result.session_ended,
         )
         files = plotting.sort_files(result.files)
         figures = [Figure.returned(f, max_image_side) for f in files.figures]

@@ -37,13 +37,16 @@ __all__ = ["SessionView", "compose", "render_result"]
 
 @dataclass
 class SessionView:
-    """What a result says of its session: its id, which written files it kept, its bytes, and
-    the ``timeout_seconds`` asked for when it was lowered to the maximum."""
+    """What a result says of its session: its id, which written files it kept, its bytes, the
+    ``timeout_seconds`` asked for when it was lowered to the maximum, whether its interpreter
+    ended."""
 
     id: str
     kept: dict[str, bool]
     max_bytes: int
     time_limit_lowered: float | None = None
+    #: The session's live interpreter ended with this call (its variables are gone).
+    interpreter_ended: bool = False
 
 
 def render_result(
@@ -173,8 +176,9 @@ def compose(
     dropped = [f'"{f.path}"' for f in files if session and f.uri is None]
     if session is not None and dropped:
         lines.append(
-            f"[not kept in the session, which holds at most {session.max_bytes:,} bytes of "
-            f"files (or returned only in part): {listing(fitting(dropped, chars), chars)}]"
+            f"[not kept by the gateway, which keeps at most {session.max_bytes:,} bytes of a "
+            "session's files (or returned only in part), so without a uri: "
+            f"{listing(fitting(dropped, chars), chars)}]"
         )
     absent = [FileInfo(path=quote(path), size=size) for path, size in facts.not_returned]
     named = fitting([f'"{f.path}" ({f.size:,} bytes)' for f in absent], chars)
@@ -188,6 +192,11 @@ def compose(
         )
 
     if session is not None:
+        if session.interpreter_ended:
+            lines.append(
+                "[the session's interpreter ended with this call: its variables and imports are "
+                "lost; its files are kept, and the next call starts a new interpreter with them]"
+            )
         if session.time_limit_lowered is not None:
             lines.append(
                 f"[timeout_seconds {session.time_limit_lowered:g} is above the maximum, "

@@ -17,6 +17,7 @@ Status = Literal[
     "error",
     "exception",
     "killed",
+    "interrupted",
     "output_limit",
     "signal",
     "sandbox_error",
@@ -48,6 +49,7 @@ def describe_exit(
     ended_by: EndedBy | None = None,
     *,
     memory_limit_mib: int | None = None,
+    session_ended: bool | None = None,
 ) -> tuple[Status, str]:
     """Say in words how a run ended: the status line of every result.
 
@@ -55,10 +57,21 @@ def describe_exit(
     code ran (its output and files then lost) or not, and an unknown message says neither.
     ``ended_by`` is the evaluator's word on which limit ended the run; ``None`` (Snekbox never
     says) leaves a 137 worded as either limit. ``memory_limit_mib``, when known, is named in a
-    memory kill's message.
+    memory kill's message. ``session_ended`` ``False``: a cell of a live session, whose
+    interpreter a limit only interrupted.
     """
     if returncode is None:
         return _describe_message(stdout)
+    if session_ended is False and ended_by == "time_limit":
+        return "interrupted", (
+            f"interrupted after {duration:.1f} s (KeyboardInterrupt, then exit code "
+            f"{returncode}): the time limit was reached; the session's variables are kept"
+        )
+    if session_ended is False and ended_by == "output_limit":
+        return "output_limit", (
+            f"interrupted (KeyboardInterrupt, then exit code {returncode}): the output limit was "
+            "reached, the output was cut; the session's variables are kept"
+        )
     if returncode == 0:
         return "ok", "exit code 0: ok"
     if ended_by == "time_limit":

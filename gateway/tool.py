@@ -78,7 +78,9 @@ class Gateway:
             max_sessions=settings.max_code_sessions,
             idle_timeout=settings.code_session_idle_timeout,
             registry=self.metrics.registry,
+            on_close=self._end_live_session,
         )
+        self._endings: set[asyncio.Task[None]] = set()
         self._client: SnekboxClient | None = None
         self._builtin: evaluator.Evaluator | None = None
         #: Set on shutdown: calls in flight finish, new ones are turned away.
@@ -92,8 +94,20 @@ class Gateway:
         if settings.snekbox_url:
             self._client = SnekboxClient(settings.snekbox_url, timeout=settings.timeout)
         else:
-            self._builtin = evaluator.Evaluator(settings.evaluator_config)
+            # The gateway ends its sessions' interpreters itself (idle, evicted, ended): the
+            # evaluator's own idle limit must not come first and leave a session without one.
+            idle = max(
+                settings.evaluator_config.session_idle_timeout,
+                settings.code_session_idle_timeout + 60,
+            )
+            self._builtin = evaluator.Evaluator(
+                settings.evaluator_config.model_copy(update={"session_idle_timeout": idle})
+            )
             await self._builtin.start()
+            # The gateway closes sessions first (and ends their interpreters): the evaluator
+            # never drops one that the gateway still holds.
+            limit = settings.evaluator_config.session_limit
+            self.sessions.max_sessions = max(1, min(self.sessions.max_sessions, limit))
             # raise_app_exceptions=False: a failure inside the evaluator reaches the client as
             # the 500 it answers (a SnekboxError), not as the evaluator's own exception.
             transport = httpx.ASGITransport(
@@ -105,6 +119,8 @@ class Gateway:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        if self._endings:
+            await asyncio.gather(*self._endings, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
         if self._builtin is not None:
@@ -148,14 +164,7 @@ class Gateway:
         settings = self.settings
         return (
             f"Run {python} code in an isolated sandbox and return what it prints.\n\n"
-            "- Sessions keep files, not variables. A call without session_id starts a new "
-            "session, and every result gives its session_id: pass it to later calls to find the "
-            "files sent with `files` and the files the code wrote (up to "
-            f"{settings.max_session_bytes:,} bytes; names starting with '_' or '.' are not "
-            "kept). Each call is a fresh interpreter: variables and imports do NOT carry over, "
-            "so save what later calls need to a file (df.to_pickle('df.pkl'), json.dump). A "
-            f"session ends after {settings.code_session_idle_timeout / 60:g} minutes without a "
-            "call, or when end_session ends it.\n"
+            f"{self._sessions_description()}\n"
             f"- `files`: at most {settings.max_upload_files} files, "
             f"{settings.max_upload_bytes:,} bytes in all, each with a relative path; `encoding` "
             "'base64' for bytes that are not text.\n"
@@ -178,6 +187,32 @@ class Gateway:
             "resources/read at its files[].uri while the session lives.\n"
             f"- {limits} Output longer than {self.settings.max_output_chars:,} characters is cut "
             "in the middle, keeping its start and end."
+        )
+
+    def _sessions_description(self) -> str:
+        settings = self.settings
+        ending = (
+            f"A session ends after {settings.code_session_idle_timeout / 60:g} minutes without "
+            "a call, or when end_session ends it."
+        )
+        if self._builtin is not None and settings.evaluator_config.session_limit:
+            return (
+                "- Sessions are like a notebook: a call without session_id starts a new session, "
+                "and every result gives its session_id; pass it to later calls to run in the "
+                "same interpreter, with the variables, imports and files of the calls before "
+                "(files sent with `files` and files the code wrote). Each call's code runs like "
+                "a notebook cell; sys.exit() ends the cell, not the session. A call past its "
+                "time limit is interrupted (KeyboardInterrupt) and the session goes on; if the "
+                "code does not stop, or on a memory kill, the interpreter ends: its variables "
+                "are lost, its files kept (the result says so). " + ending
+            )
+        return (
+            "- Sessions keep files, not variables. A call without session_id starts a new "
+            "session, and every result gives its session_id: pass it to later calls to find the "
+            "files sent with `files` and the files the code wrote (up to "
+            f"{settings.max_session_bytes:,} bytes; names starting with '_' or '.' are not "
+            "kept). Each call is a fresh interpreter: variables and imports do NOT carry over, "
+            "so save what later calls need to a file (df.to_pickle('df.pkl'), json.dump). " + ending
         )
 
     async def execute_python_code(
@@ -301,6 +336,21 @@ class Gateway:
             raise ToolError(str(exc)) from exc
         return f"The session {session_id!r} is ended; its files are gone."
 
+    def _end_live_session(self, session_id: str) -> None:
+        """A closed session's interpreter ends too (the built-in evaluator's), in the
+        background: whoever closed it does not wait."""
+        if self._builtin is None or self._client is None:
+            return
+        task = asyncio.ensure_future(self._end_in_evaluator(session_id))
+        self._endings.add(task)
+        task.add_done_callback(self._endings.discard)
+
+    async def _end_in_evaluator(self, session_id: str) -> None:
+        try:
+            await self.client.end_session(session_id)
+        except SnekboxError as exc:  # it ends by itself once idle
+            logger.warning("could not end the evaluator's session: %s", exc)
+
     def read_session_file(self, session_id: str, path: str) -> bytes:
         """A file of an open session of this client (``resources/read``).
 
@@ -346,6 +396,7 @@ class Gateway:
     ) -> SessionView:
         """Keep what the run wrote in the session, within its bytes; say what was kept."""
         session.calls += 1
+        session.live = result.session_ended is False
         session.files.update(uploads)
         kept: dict[str, bool] = {}
         for file in plotting.sort_files(result.files).others:
@@ -356,7 +407,12 @@ class Gateway:
                 kept[file.path] = True
             else:
                 kept[file.path] = False
-        return SessionView(session.id, kept, self.settings.max_session_bytes)
+        return SessionView(
+            session.id,
+            kept,
+            self.settings.max_session_bytes,
+            interpreter_ended=bool(result.session_ended),
+        )
 
     async def drained(self) -> None:
         """Return once no tool call is in progress (set ``draining`` first, or it may never)."""
@@ -393,6 +449,8 @@ class Gateway:
                 "The gateway is shutting down; the code did not run. Retry in a few seconds.",
             )
         running = 0
+        if self._endings:  # a session evicted for this one ends first, not one the gateway holds
+            await asyncio.gather(*self._endings, return_exceptions=True)
         try:
             async with self.admission.slot():
                 running = self.admission.in_flight
@@ -403,13 +461,15 @@ class Gateway:
                     + self.settings.max_session_bytes,
                     _PNG_HEAD_BYTES,
                 )
-                carried = {**session.files, **uploads}
+                # A live interpreter's sandbox holds the session's files already.
+                carried = {**({} if session.live else session.files), **uploads}
                 request = plotting.build_request(code)
                 request = replace(
                     request,
                     files=(*request.files, *(File(p, c) for p, c in carried.items())),
                     content_wanted=wanted,
                     time_limit=time_limit if self._builtin is not None else None,
+                    session=session.id if self._builtin is not None else None,
                 )
                 if time_limit is None or self._builtin is not None:
                     return await self.client.eval(request)

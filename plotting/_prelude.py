@@ -57,6 +57,11 @@ _source = b""
 _bundle = b""
 _tail_size = 0
 _support_compiled = False
+# Whether this is a cell of a session (the warm agent's sys._mcp_session): the namespace, the
+# guarded streams and the support module then last from cell to cell.
+_session = False
+# The names the first file binds in the namespace it runs in (see _boot.py).
+_BOOT_NAMES = ("_boot_file", "_boot_data", "_boot", "_boot_compiled", "_boot_prelude")
 _workdir = "."
 _guarded: "list[_Stream]" = []
 _finder = type(sys)("_mcp_finder")
@@ -81,11 +86,15 @@ def main(
             kept warm) holds the user's module, and frees the user's objects as it would
             have freed the first file's.
     """
-    global _source, _bundle, _tail_size, _support_compiled, _workdir
+    global _source, _bundle, _tail_size, _support_compiled, _workdir, _session
     _source, _bundle, _tail_size, _support_compiled = head[3], bundle, head[4], compiled
+    _session = getattr(sys, "_mcp_session", False) is True
     register_error(ERRORS, _replace)
     for name, errors in (("stdout", ERRORS), ("stderr", "backslashreplace")):
         stream = getattr(sys, name)
+        if type(stream).__name__ == "_Stream" and _session:  # guarded by an earlier cell
+            _guarded.append(stream)
+            continue
         if type(stream) is not TextIOWrapper:  # no such stream (a closed descriptor)
             continue
         try:
@@ -102,20 +111,31 @@ def main(
             remove(name)
         except OSError:
             pass
+    sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__name__", "") != "_mcp_finder"]
     sys.meta_path.insert(0, _finder)
     # Files sent in (the manifest leaves out those the code leaves alone); modules the hooks
     # come too late for: linecache loaded by a .pth file, matplotlib by a warm interpreter.
-    if _has_files() or "linecache" in sys.modules or "matplotlib" in sys.modules:
+    if _session:  # the manifest of the cell before is not the code's to see
+        try:
+            remove(_support().MANIFEST_NAME)
+        except OSError:
+            pass
+    if _session or _has_files() or "linecache" in sys.modules or "matplotlib" in sys.modules:
         _support().start()
     module = sys.modules.get("__main__")
     if getattr(module, "__dict__", None) is not namespace:  # run by exec() in a plain dict
         module = sys.modules["__main__"] = type(sys)("__main__")
     namespace = vars(module)
-    namespace.clear()
-    # What a new module has, and no __file__, as with python -c: no file holds the code, and
-    # multiprocessing's spawn and forkserver start methods would try to re-run a __main__ that
-    # has one.
-    namespace.update(vars(type(sys)("__main__")), __builtins__=builtins)
+    if _session:  # the cell's namespace is the session's: only the first file's names go
+        for name in _BOOT_NAMES:
+            namespace.pop(name, None)
+        namespace.setdefault("__builtins__", builtins)
+    else:
+        namespace.clear()
+        # What a new module has, and no __file__, as with python -c: no file holds the code,
+        # and multiprocessing's spawn and forkserver start methods would try to re-run a
+        # __main__ that has one.
+        namespace.update(vars(type(sys)("__main__")), __builtins__=builtins)
     sys.argv[:1] = [CODE_FILENAME]
     status = None
     try:
@@ -130,6 +150,8 @@ def main(
         status = exc.code
     except BaseException as exc:
         status = _support().report_uncaught(exc)
+        if _session and isinstance(exc, KeyboardInterrupt):
+            status = 130  # as a shell reports SIGINT, which ends a run that is not a session
     # Figures pyplot may hold open, files to list, bytes held by a stream's buffer, a note.
     if _support_module or "matplotlib._pylab_helpers" in sys.modules or _has_files():
         _support().finish()  # flushes the streams too
@@ -252,18 +274,25 @@ def _support() -> "ModuleType":
     """The support module, made on first use."""
     global _support_module
     if _support_module is None:
-        module = sys.modules["_mcp_support"] = type(sys)("_mcp_support")
-        import zlib
+        # A session's earlier cell made it: its figures' backend and counters go on.
+        module = sys.modules.get("_mcp_support") if _session else None
+        if module is None:
+            module = sys.modules["_mcp_support"] = type(sys)("_mcp_support")
+            import zlib
 
-        tail = marshal.loads(_bundle[-_tail_size:])
-        data = zlib.decompress(tail[0 if _support_compiled else 1])
-        if _support_compiled:
-            code = marshal.loads(data)
-        else:  # an interpreter with another bytecode format than the gateway's
-            code = compile(data, "<mcp-support>", "exec", dont_inherit=True)
-        exec(code, vars(module))
+            tail = marshal.loads(_bundle[-_tail_size:])
+            data = zlib.decompress(tail[0 if _support_compiled else 1])
+            if _support_compiled:
+                code = marshal.loads(data)
+            else:  # an interpreter with another bytecode format than the gateway's
+                code = compile(data, "<mcp-support>", "exec", dont_inherit=True)
+            exec(code, vars(module))
         module.configure(
-            workdir=_workdir, source=_source, hide=(main.__code__, _show.__code__), streams=_guarded
+            workdir=_workdir,
+            source=_source,
+            hide=(main.__code__, _show.__code__),
+            streams=_guarded,
+            session=_session,
         )
         _support_module = module
     return _support_module

@@ -77,8 +77,9 @@ _streams: "Sequence[io.TextIOWrapper]" = ()
 _figures_created = 0
 _figures_saved = 0
 _replaced = 0
-# Whether the code ended with an uncaught KeyboardInterrupt.
+# Whether the code ended with an uncaught KeyboardInterrupt; whether it is a session's cell.
 _interrupted = False
+_session = False
 # Files that were in the working directory before the code ran: path -> mtime (ns).
 _inputs: "dict[str, int]" = {}
 
@@ -89,6 +90,7 @@ def configure(
     source: bytes,
     hide: "tuple[CodeType, ...]",
     streams: "Sequence[io.TextIOWrapper]" = (),
+    session: bool = False,
 ) -> None:
     """Called by the prelude once this module is loaded.
 
@@ -100,9 +102,12 @@ def configure(
             name: compiled by the gateway, or from source).
         streams: The prelude's guarded ``sys.stdout`` and ``sys.stderr`` (see
             :func:`finish_streams`).
+        session: The code is a cell of a session: called again for each cell, which starts
+            afresh (its note, its interruption), and an interrupted cell ends the cell only.
     """
-    global _workdir, _source, _hide, _streams
+    global _workdir, _source, _hide, _streams, _session, _replaced, _interrupted
     _workdir, _source, _hide, _streams = workdir, source, hide, streams
+    _session, _replaced, _interrupted = session, 0, False
 
 
 def start() -> None:
@@ -133,7 +138,7 @@ def finish() -> None:
     for stream in (sys.stdout, sys.stderr, *_streams):  # the code may have rebound them
         _flush(stream)
     finish_streams()
-    if _interrupted:
+    if _interrupted and not _session:
         die_of_sigint()
 
 

@@ -35,6 +35,8 @@ from ._exceptions import (
 from ._models import (
     CONTENT_WANTED_FIELD,
     ENDED_BY_FIELD,
+    SESSION_ENDED_FIELD,
+    SESSION_FIELD,
     TIME_LIMIT_FIELD,
     ContentWanted,
     EndedBy,
@@ -47,6 +49,8 @@ __all__ = [
     "CONTENT_WANTED_FIELD",
     "DEFAULT_TIMEOUT",
     "ENDED_BY_FIELD",
+    "SESSION_ENDED_FIELD",
+    "SESSION_FIELD",
     "TIME_LIMIT_FIELD",
     "AddressState",
     "AnswerReader",

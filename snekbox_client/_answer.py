@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._exceptions import InvalidResponse
-from ._models import ENDED_BY_FIELD, ContentWanted, EvalResult, File, ended_by_from_answer
+from ._models import (
+    ENDED_BY_FIELD,
+    SESSION_ENDED_FIELD,
+    ContentWanted,
+    EvalResult,
+    File,
+    ended_by_from_answer,
+    session_ended_from_answer,
+)
 
 __all__ = ["AnswerReader"]
 
@@ -105,6 +113,7 @@ class AnswerReader:
         self._returncode: Any = None
         # A scalar, a string's raw body (bytearray), or a container ([]): checked by result().
         self._ended_by: Any = None
+        self._session_ended: Any = None  # a scalar; a string or container is "invalid"
         self._entries: list[_Entry] = []
 
     # -- feeding ---------------------------------------------------------------------------
@@ -163,7 +172,8 @@ class AnswerReader:
         ended_by = self._ended_by
         if isinstance(ended_by, bytearray):
             ended_by = _decode_string(ended_by)
-        return EvalResult(stdout, returncode, files, ended_by_from_answer(ended_by))
+        session_ended = session_ended_from_answer(self._session_ended)
+        return EvalResult(stdout, returncode, files, ended_by_from_answer(ended_by), session_ended)
 
     # -- the tokenizer ---------------------------------------------------------------------
 
@@ -277,6 +287,9 @@ class AnswerReader:
         elif parent == _TOP and key == ENDED_BY_FIELD:
             self._ended_by = []
             role = _IGNORED
+        elif parent == _TOP and key == SESSION_ENDED_FIELD:
+            self._session_ended = []
+            role = _IGNORED
         elif parent == _FILES:
             if not is_object:
                 raise InvalidResponse("a file entry is not an object")
@@ -309,6 +322,8 @@ class AnswerReader:
             self._returncode = value
         elif role == _TOP and key == ENDED_BY_FIELD:
             self._ended_by = value
+        elif role == _TOP and key == SESSION_ENDED_FIELD:
+            self._session_ended = value
         elif role == _TOP and key == "files":
             raise InvalidResponse("'files' is not a list")
         elif role == _FILES:
@@ -331,6 +346,8 @@ class AnswerReader:
         elif role == _TOP and key == ENDED_BY_FIELD:
             target = ENDED_BY_FIELD
             self._ended_by = bytearray()
+        elif role == _TOP and key == SESSION_ENDED_FIELD:
+            self._session_ended = ""  # a string: not a boolean
         elif role == _TOP and key == "files":
             raise InvalidResponse("'files' is not a list")
         elif role == _FILES:

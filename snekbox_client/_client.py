@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -141,6 +142,16 @@ class SnekboxClient:
         """
         async with self._exchange("OPTIONS", "/eval") as response:
             if response.status_code >= 400:
+                raise _rejection(response.status_code, await _read_at_most(response))
+
+    async def end_session(self, session: str) -> None:
+        """End a live session of the built-in evaluator (``DELETE /sessions/<id>``); one it
+        does not hold (or Snekbox, which has none) is no error.
+
+        Raises the same errors as :meth:`eval` when the service cannot be reached.
+        """
+        async with self._exchange("DELETE", f"/sessions/{quote(session, safe='')}") as response:
+            if response.status_code >= 500:
                 raise _rejection(response.status_code, await _read_at_most(response))
 
     async def aclose(self) -> None:

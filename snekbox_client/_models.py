@@ -14,6 +14,8 @@ from ._exceptions import InvalidResponse
 __all__ = [
     "CONTENT_WANTED_FIELD",
     "ENDED_BY_FIELD",
+    "SESSION_ENDED_FIELD",
+    "SESSION_FIELD",
     "TIME_LIMIT_FIELD",
     "ContentWanted",
     "EndedBy",
@@ -27,6 +29,11 @@ __all__ = [
 CONTENT_WANTED_FIELD = "content_wanted"
 #: The request field of :attr:`EvalRequest.time_limit`, the same kind of extension.
 TIME_LIMIT_FIELD = "time_limit"
+#: The request field of :attr:`EvalRequest.session`, and the answer's of
+#: :attr:`EvalResult.session_ended`: the built-in evaluator's live sessions (Snekbox, one-shot
+#: by design, ignores the one and never sends the other).
+SESSION_FIELD = "session"
+SESSION_ENDED_FIELD = "session_ended"
 
 #: The answer field of :data:`EndedBy`: this project's extension of Snekbox's answer, which the
 #: built-in evaluator sends and Snekbox does not.
@@ -133,7 +140,9 @@ class EvalRequest:
     interpreter inside the service (``None``: the service's default). ``content_wanted`` bounds
     the file contents that come back (``None``: all of them, as Snekbox returns them).
     ``time_limit``: seconds this run may take, when fewer than the service's own limit (the
-    built-in evaluator honours it; Snekbox ignores it and applies its own).
+    built-in evaluator honours it; Snekbox ignores it and applies its own). ``session``: run it
+    in the live interpreter of this session (the built-in evaluator starts one for an id it
+    does not hold; Snekbox ignores the field and runs it one-shot).
     """
 
     input: str | None = None
@@ -142,6 +151,7 @@ class EvalRequest:
     executable_path: str | None = None
     content_wanted: ContentWanted | None = None
     time_limit: float | None = None
+    session: str | None = None
 
     def __post_init__(self) -> None:
         if self.input is None and self.args is None:
@@ -170,6 +180,8 @@ class EvalRequest:
             body[CONTENT_WANTED_FIELD] = self.content_wanted.to_json()
         if self.time_limit is not None:
             body[TIME_LIMIT_FIELD] = self.time_limit
+        if self.session is not None:
+            body[SESSION_FIELD] = self.session
         return body
 
 
@@ -190,6 +202,8 @@ class EvalResult:
     returncode: int | None
     files: tuple[File, ...] = ()
     ended_by: EndedBy | None = None
+    #: For a run in a session: whether its interpreter ended with it (``None``: not a session).
+    session_ended: bool | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> EvalResult:
@@ -214,6 +228,7 @@ class EvalResult:
             returncode=returncode,
             files=tuple(map(_parse_file, raw_files)),
             ended_by=ended_by_from_answer(data.get(ENDED_BY_FIELD)),
+            session_ended=session_ended_from_answer(data.get(SESSION_ENDED_FIELD)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -227,7 +242,20 @@ class EvalResult:
         }
         if self.ended_by is not None:
             body[ENDED_BY_FIELD] = self.ended_by
+        if self.session_ended is not None:
+            body[SESSION_ENDED_FIELD] = self.session_ended
         return body
+
+
+def session_ended_from_answer(value: Any) -> bool | None:
+    """The answer's ``session_ended`` (absent or null: ``None``).
+
+    Raises:
+        InvalidResponse: it is neither a boolean nor null.
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidResponse(f"'{SESSION_ENDED_FIELD}' is neither a boolean nor null")
 
 
 def ended_by_from_answer(value: Any) -> EndedBy | None:

@@ -262,8 +262,9 @@ def builtin_gateway(settings: Settings) -> Iterator[str]:
     before = sandboxes()
     with serve(create_app(slow)) as url:
         yield url
-        # Whatever the test's verdict, leave no sandbox behind for the next test.
-        wait_for(lambda: not (sandboxes() - before), 15, "sandboxes of the test end")
+    # Whatever the test's verdict, leave no sandbox behind for the next test (the sessions'
+    # live interpreters end with the gateway).
+    wait_for(lambda: not (sandboxes() - before), 15, "sandboxes of the test end")
 
 
 async def wait_for_sandbox(before: set[int]) -> set[int]:

@@ -26,7 +26,9 @@ async def run(client: Client, code: str):  # type: ignore[no-untyped-def]
         return await client.call_tool("execute_python_code", {"code": code})
 
 
-async def test_tool_is_listed_with_description_and_output_schema(client: Client) -> None:
+async def test_tool_is_listed_with_description_and_output_schema(
+    client: Client, settings: Settings
+) -> None:
     tools = (await client.list_tools()).tools
     assert sorted(t.name for t in tools) == ["end_session", "execute_python_code"]
     tool = next(t for t in tools if t.name == "execute_python_code")
@@ -38,7 +40,10 @@ async def test_tool_is_listed_with_description_and_output_schema(client: Client)
     assert tool.annotations is not None
     assert (tool.annotations.read_only_hint, tool.annotations.idempotent_hint) == (False, False)
     assert "session_id" in tool.output_schema["properties"] if tool.output_schema else False
-    assert "variables and imports do NOT carry over" in (tool.description or "")
+    assert "Sessions are like a notebook" in (tool.description or "")
+    # In front of Snekbox (one-shot), the description says what a session keeps there.
+    one_shot = Gateway(settings.model_copy(update={"snekbox_url": "http://snekbox:8060"}))
+    assert "variables and imports do NOT carry over" in one_shot.tool_description()
     wall_clock = f"{TIME_LIMIT:g} s wall-clock"
     for promise in ("numpy", "matplotlib", "no network", "PNG image", wall_clock):
         assert promise in (tool.description or ""), promise

@@ -1,0 +1,246 @@
+"""Live sessions: a sandbox and its interpreter kept from run to run, one per session id.
+
+A request that names a session (:attr:`snekbox_client.EvalRequest.session`) runs as a cell in
+that session's interpreter, started for an id the service does not hold yet: the agent
+(:mod:`._agent`, ``--session``) in a sandbox of its own, with the isolation and limits of a
+one-shot run (its own uid, cgroup, working directory, memory and process limits). Each cell's
+files are written into the directory the session keeps, its output is what it prints until its
+status comes, and only the files it changed come back.
+
+A cell past its time limit, or past the output limit, is interrupted (KeyboardInterrupt); if it
+has not ended :data:`INTERRUPT_GRACE` seconds later, the interpreter is killed and the session
+ends. So does it when the interpreter dies (a memory kill, ``os._exit``): the answer says so
+(``session_ended``), and the next run naming the id starts a new interpreter. Sessions also end
+after ``session_idle_timeout`` seconds without a run, when :meth:`LiveSessions.end` is asked, or
+to make room (``session_limit``: the longest idle goes first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from snekbox_client import EndedBy, EvalRequest, EvalResult
+
+from ._agent import WARM
+from .cgroups import RunCgroup
+from .config import EvaluatorConfig
+from .jail import INVALID_UTF8, Outcome, decode_output
+from .pool import Sandbox, SandboxPool
+from .workdir import CollectError, WriteError
+
+__all__ = ["INTERRUPT_GRACE", "LiveSessions"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds an interrupted cell has to end before its interpreter is killed.
+INTERRUPT_GRACE = 2.0
+#: Seconds a new session's interpreter may take to start and import (a loaded machine).
+_START_TIMEOUT = 120.0
+#: Seconds a running cell has, once its session is ended on shutdown, to see it.
+_CLOSE_TIMEOUT = 10.0
+
+
+@dataclass(eq=False)
+class _Session:
+    id: str
+    sandbox: Sandbox
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    retired: bool = False
+
+
+class LiveSessions:
+    """The live sessions of one evaluator.
+
+    Args:
+        pool: Where their sandboxes come from, and go back to be disposed of.
+        agent_argv: bwrap's command line of a session's agent in a working directory.
+        config: The limits (time, output, files) and the sessions' own settings.
+        ended_by: Which limit ended a cell whose interpreter died, read from its cgroup (a
+            memory kill is told from the code's own SIGKILL there).
+    """
+
+    def __init__(
+        self,
+        pool: SandboxPool,
+        agent_argv: Callable[[Sandbox], list[str]],
+        config: EvaluatorConfig,
+        ended_by: Callable[[Outcome, RunCgroup | None], EndedBy | None],
+    ) -> None:
+        self._pool = pool
+        self._agent_argv = agent_argv
+        self._config = config
+        self._ended_by = ended_by
+        self._open: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
+        self._starting: dict[str, asyncio.Future[_Session]] = {}
+        self._closed = False
+
+    @property
+    def count(self) -> int:
+        """Sessions open now."""
+        return len(self._open)
+
+    async def run(
+        self, session_id: str, args: list[str], request: EvalRequest, time_limit: float
+    ) -> EvalResult:
+        """Run ``args`` (the interpreter's arguments) as a cell of the session ``session_id``.
+
+        Raises:
+            RuntimeError: the session's interpreter could not start.
+        """
+        self.expire()
+        session = self._open.get(session_id) or await self._start(session_id)
+        async with session.lock:
+            if session.retired:  # ended while this run waited for the one before
+                message = "the session was ended while this run waited for the one before"
+                return EvalResult(message, None, session_ended=True)
+            session.last_used = time.monotonic()
+            self._open.move_to_end(session_id)
+            ended = True
+            try:
+                result = await self._cell(session, args, request, time_limit)
+                ended = bool(result.session_ended) or self._open.get(session_id) is not session
+                return result
+            finally:  # cancelled mid-cell (the client left) or failed: its state is unknown
+                session.last_used = time.monotonic()
+                if ended:
+                    self._discard(session)
+
+    async def _cell(
+        self, session: _Session, args: list[str], request: EvalRequest, time_limit: float
+    ) -> EvalResult:
+        config = self._config
+        workdir = session.sandbox.workdir
+        try:
+            before = await asyncio.to_thread(workdir.snapshot, timeout=config.file_parse_timeout)
+            written = await asyncio.to_thread(workdir.write_files, request.files)
+        except (WriteError, CollectError) as exc:
+            return EvalResult(str(exc), None, session_ended=False)
+        outcome = await session.sandbox.process.run_cell(
+            args,
+            time_limit=time_limit,
+            output_limit=config.output_limit,
+            grace=INTERRUPT_GRACE,
+        )
+        alive = session.sandbox.process.alive
+        ended_by = outcome.ended_by if alive else self._ended_by(outcome, session.sandbox.cgroup)
+        stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
+        if stdout is None:
+            return EvalResult(INVALID_UTF8, None, session_ended=not alive)
+        try:
+            files = await asyncio.to_thread(
+                workdir.collect,
+                {**before, **written},
+                max_files=config.max_files,
+                timeout=config.file_parse_timeout,
+                content_wanted=request.content_wanted,
+            )
+        except CollectError as exc:
+            return EvalResult(str(exc), None, session_ended=not alive)
+        return EvalResult(stdout, outcome.returncode, files, ended_by, not alive)
+
+    async def _start(self, session_id: str) -> _Session:
+        """The session's interpreter, started (once, however many runs ask at the same time)."""
+        starting = self._starting.get(session_id)
+        if starting is not None:
+            return await asyncio.shield(starting)
+        future: asyncio.Future[_Session] = asyncio.get_running_loop().create_future()
+        self._starting[session_id] = future
+        try:
+            while self._open and len(self._open) >= self._config.session_limit:
+                idle = [s for s in self._open.values() if not s.lock.locked()]
+                oldest = (idle or list(self._open.values()))[0]
+                log.info("live session ended to make room: %s", oldest.id)
+                self._close(oldest)
+            sandbox = self._pool.take_warm()
+            if sandbox is not None:  # its interpreter started, its modules imported
+                if sandbox.cgroup is not None:
+                    sandbox.cgroup.foreground()
+                sandbox.process.become_session()
+                self._pool.refill()
+            else:
+                sandbox = await self._start_cold()
+            if self._closed:  # the service stopped while it started
+                self._pool.retire(sandbox)
+                raise RuntimeError("the evaluator is stopping")
+            session = _Session(session_id, sandbox)
+            self._open[session_id] = session
+            future.set_result(session)
+            return session
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a run that waited on it re-raises it
+            raise
+        finally:
+            del self._starting[session_id]
+
+    async def _start_cold(self) -> Sandbox:
+        sandbox = self._pool.prepare(session=True)
+        try:
+            if not await self._pool.ready(sandbox):
+                raise RuntimeError("the session's sandbox did not start")
+            sandbox.process.release(self._agent_argv(sandbox), None)
+            first = await sandbox.process.first_output(_START_TIMEOUT)
+            if first != WARM:
+                raise RuntimeError(
+                    "the session's interpreter did not start: "
+                    + first.decode("utf-8", "replace").strip()[:500]
+                )
+        except BaseException:
+            await self._pool.dispose(sandbox)
+            raise
+        return sandbox
+
+    async def end(self, session_id: str) -> None:
+        """End a session now (once its running cell, if any, is killed)."""
+        session = self._open.get(session_id)
+        if session is not None:
+            self._close(session)
+
+    def expire(self) -> None:
+        """End the sessions idle for longer than ``session_idle_timeout`` seconds."""
+        deadline = time.monotonic() - self._config.session_idle_timeout
+        for session in list(self._open.values()):
+            if session.last_used > deadline:
+                break
+            if not session.lock.locked():
+                log.info("live session expired: %s", session.id)
+                self._close(session)
+
+    def _close(self, session: _Session) -> None:
+        """End a session: its interpreter is killed at once, its sandbox disposed of once no
+        cell runs in it (a running cell's run does that, seeing it killed)."""
+        if self._open.get(session.id) is session:
+            del self._open[session.id]
+        session.sandbox.process.kill()
+        if not session.lock.locked():
+            self._discard(session)
+
+    def _discard(self, session: _Session) -> None:
+        if session.retired:
+            return
+        session.retired = True
+        if self._open.get(session.id) is session:
+            del self._open[session.id]
+        session.sandbox.process.kill()
+        self._pool.retire(session.sandbox)
+
+    async def aclose(self) -> None:
+        """End every session, and wait (a little) for the cells that ran to see it: their
+        sandboxes are then the pool's to dispose of, which the service waits for."""
+        self._closed = True
+        sessions = list(self._open.values())
+        for session in sessions:
+            self._close(session)
+        for session in sessions:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    async with session.lock:
+                        pass
+            self._discard(session)

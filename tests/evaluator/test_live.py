@@ -1,0 +1,224 @@
+"""Live sessions of the built-in evaluator: cells in one interpreter, and how sessions end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import httpx
+import pytest
+
+from evaluator import Evaluator, _agent, create_app
+from snekbox_client import EvalRequest, EvalResult, File
+
+from .conftest import config
+
+
+@pytest.fixture
+async def evaluator() -> AsyncIterator[Evaluator]:
+    async with Evaluator(
+        config(time_limit=10, preimport=(), max_sessions=2, output_limit=10_000)
+    ) as started:
+        yield started
+
+
+async def cell(evaluator: Evaluator, session: str, code: str, **changes: object) -> EvalResult:
+    with anyio.fail_after(120):
+        request = EvalRequest(args=("-c", code), session=session)
+        for name, value in changes.items():
+            request = EvalRequest(**{**request.__dict__, name: value})
+        return await evaluator.run(request)
+
+
+async def test_cells_share_one_interpreter_and_sessions_share_nothing(
+    evaluator: Evaluator,
+) -> None:
+    first = await cell(evaluator, "a", "x = 'a'\nopen('a.txt', 'w').write('a')\nimport os")
+    assert (first.returncode, first.session_ended) == (0, False)
+    assert [f.path for f in first.files] == ["a.txt"]
+    await cell(evaluator, "b", "x = 'b'")
+    probe = "print(x, sorted(f for f in os.listdir() if not f.startswith('.')))"
+    assert (await cell(evaluator, "a", probe)).stdout == "a ['a.txt']\n"
+    seen_by_b = await cell(evaluator, "b", "import os\n" + probe)
+    assert seen_by_b.stdout == "b []\n"
+    # Only what a cell changes comes back; files sent in land in the session's directory.
+    unchanged = await cell(evaluator, "a", "print('no writes')", files=(File("in.txt", b"1"),))
+    assert unchanged.files == ()
+    assert (await cell(evaluator, "a", "print(open('in.txt').read())")).stdout == "1\n"
+    assert evaluator.live_sessions == 2
+
+
+async def test_a_flood_ends_the_interpreter_as_it_ends_a_run(evaluator: Evaluator) -> None:
+    await cell(evaluator, "flood", "kept = True")
+    flood = await cell(evaluator, "flood", "while True:\n    print('x' * 100)")
+    assert (flood.returncode, flood.ended_by, flood.session_ended) == (143, "output_limit", True)
+    assert len(flood.stdout) <= 10_000
+    assert (await cell(evaluator, "flood", "print('kept' in globals())")).stdout == "False\n"
+
+
+async def test_a_time_limit_stops_the_cells_processes_and_keeps_the_session(
+    evaluator: Evaluator,
+) -> None:
+    await cell(evaluator, "bomb", "kept = True")
+    spin = (
+        "import os, time\nfor _ in range(5):\n    if os.fork() == 0:\n        while True: pass\n"
+        "time.sleep(60)"
+    )
+    stopped = await cell(evaluator, "bomb", spin, time_limit=1.0)
+    assert (stopped.ended_by, stopped.session_ended) == ("time_limit", False)
+    count = "import os\nprint(kept, len([p for p in os.listdir('/proc') if p.isdigit()]))"
+    assert (await cell(evaluator, "bomb", count)).stdout == "True 2\n"
+
+
+async def test_an_interrupt_the_code_swallows_is_sent_again(evaluator: Evaluator) -> None:
+    await cell(evaluator, "stubborn", "kept = True")
+    stubborn = (
+        "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('once')\n"
+        "time.sleep(60)"
+    )
+    stopped = await cell(evaluator, "stubborn", stubborn, time_limit=1.0)
+    assert (stopped.returncode, stopped.session_ended) == (130, False)
+    assert stopped.stdout.startswith("once\n") and "KeyboardInterrupt" in stopped.stdout
+    assert (await cell(evaluator, "stubborn", "print(kept)")).stdout == "True\n"
+
+
+async def test_a_child_the_cell_forked_ends_with_the_cell(evaluator: Evaluator) -> None:
+    fork = (
+        "import os\npid = os.fork()\nif pid == 0:\n    os.write(1, b'child\\n')\n"
+        "else:\n    os.waitpid(pid, 0)\n    os.write(1, b'parent\\n')"
+    )
+    assert (await cell(evaluator, "fork", fork)).stdout == "child\nparent\n"
+    # Had the child gone on serving cells, its status would answer for a later cell.
+    for n in range(3):
+        later = await cell(evaluator, "fork", f"print({n})\nimport sys\nsys.exit({n})")
+        assert (later.stdout, later.returncode, later.session_ended) == (f"{n}\n", n, False)
+
+
+async def test_an_agent_that_does_not_read_holds_up_only_its_own_session(
+    evaluator: Evaluator,
+) -> None:
+    # Half a second after its cell ends, a thread takes the GIL for good (re does not let go).
+    hog = (
+        "import re, threading, time\n"
+        "def hog():\n    time.sleep(0.5)\n    re.match(r'(a+)+$', 'a' * 64 + 'b')\n"
+        "threading.Thread(target=hog, daemon=True).start()"
+    )
+    assert (await cell(evaluator, "hog", hog)).returncode == 0
+    await asyncio.sleep(1)
+    # A cell bigger than the pipe: written within its time limit, or the session ends.
+    stuck = asyncio.create_task(cell(evaluator, "hog", "pass\n" + "#" * 300_000, time_limit=2.0))
+    with anyio.fail_after(60):
+        other = await evaluator.run(EvalRequest(args=("-c", "print('free')")))
+    assert other.stdout == "free\n" and not stuck.done()
+    ended = await stuck
+    assert (ended.returncode, ended.ended_by, ended.session_ended) == (137, "time_limit", True)
+
+
+async def test_an_interpreter_that_exits_ends_its_session(evaluator: Evaluator) -> None:
+    await cell(evaluator, "exit", "x = 1")
+    gone = await cell(evaluator, "exit", "import os\nos._exit(7)")
+    assert (gone.returncode, gone.session_ended) == (7, True)
+    fresh = await cell(evaluator, "exit", "print('x' in globals())")
+    assert (fresh.stdout, fresh.session_ended) == ("False\n", False)
+
+
+async def test_ended_evicted_and_idle_sessions_start_afresh() -> None:
+    async with Evaluator(
+        config(time_limit=10, preimport=(), max_sessions=1, session_idle_timeout=1.0)
+    ) as evaluator:
+        await cell(evaluator, "one", "x = 1")
+        await cell(evaluator, "two", "x = 2")  # the cap is one: "one" made room
+        assert evaluator.live_sessions == 1
+        assert (await cell(evaluator, "one", "print('x' in globals())")).stdout == "False\n"
+        await asyncio.sleep(1.2)
+        assert (await cell(evaluator, "one", "print('x' in globals())")).stdout == "False\n"
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(create_app(evaluator)), base_url="http://evaluator"
+        ) as http:
+            await cell(evaluator, "one", "x = 3")
+            assert (await http.delete("/sessions/one")).status_code == 204
+            assert (await http.delete("/sessions/never-was")).status_code == 204
+            refused = await http.post("/eval", json={"input": "1", "session": "bad id!"})
+            assert refused.status_code == 400
+        assert (await cell(evaluator, "one", "print('x' in globals())")).stdout == "False\n"
+
+
+async def test_a_cancelled_cell_ends_its_session(evaluator: Evaluator) -> None:
+    await cell(evaluator, "cancel", "x = 1")
+    running = asyncio.ensure_future(cell(evaluator, "cancel", "import time\ntime.sleep(60)"))
+    await asyncio.sleep(1.0)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert (await cell(evaluator, "cancel", "print('x' in globals())")).stdout == "False\n"
+
+
+async def test_a_new_session_takes_a_warm_interpreter() -> None:
+    async with Evaluator(config(time_limit=10, warm_sandboxes=1, preimport=("json",))) as warm:
+        with anyio.fail_after(240):
+            while warm.warm_sandboxes < 1:  # noqa: ASYNC110 - nothing to wait on
+                await asyncio.sleep(0.05)
+        first = await cell(warm, "w", "import sys\nx = 'json' in sys.modules")
+        assert (first.returncode, warm.warm_runs) == (0, 1)
+        assert (await cell(warm, "w", "print(x)")).stdout == "True\n"
+
+
+async def test_stopping_ends_the_sessions_and_their_running_cells() -> None:
+    evaluator = Evaluator(config(time_limit=60, preimport=()))
+    await evaluator.start()
+    try:
+        await cell(evaluator, "idle", "x = 1")
+        await cell(evaluator, "busy", "x = 1")
+        running = asyncio.create_task(cell(evaluator, "busy", "import time\ntime.sleep(60)"))
+        await asyncio.sleep(1)
+    finally:
+        with anyio.fail_after(60):
+            await evaluator.aclose()  # raises when a sandbox's mount or cgroup is left
+    ended = await running
+    assert ended.session_ended is True and evaluator.live_sessions == 0
+
+
+def test_a_warm_agent_told_to_become_a_session_finds_its_first_cell_behind() -> None:
+    """The marker and the first cell can both be in the pipe when a busy agent reads it."""
+    request_r, request_w = os.pipe()
+    status_r, status_w = os.pipe()
+    cell = b"-c\0print('first')\0"
+    os.write(request_w, _agent.SESSION + _agent.CELL + len(cell).to_bytes(4, "big") + cell)
+
+    def as_fd_5_and_6() -> None:
+        os.dup2(request_r, _agent.REQUEST_FD)
+        os.dup2(status_w, _agent.STATUS_FD)
+
+    agent = subprocess.Popen(
+        [sys.executable, _agent.__file__],
+        stdout=subprocess.PIPE,
+        preexec_fn=as_fd_5_and_6,
+        pass_fds=(request_r, status_w, _agent.REQUEST_FD, _agent.STATUS_FD),
+    )
+    os.close(request_r)
+    os.close(status_w)
+    try:
+        assert agent.stdout is not None
+        with select_timeout(agent.stdout.fileno(), 60):
+            assert agent.stdout.read(len(_agent.WARM) + 6) == _agent.WARM + b"first\n"
+        with select_timeout(status_r, 60):
+            assert os.read(status_r, 4) == (0).to_bytes(4, "big")
+    finally:
+        os.close(request_w)  # EOF: the agent exits
+        assert agent.wait(60) == 0
+        os.close(status_r)
+        if agent.stdout is not None:
+            agent.stdout.close()
+
+
+@contextlib.contextmanager
+def select_timeout(fd: int, seconds: float) -> Iterator[None]:
+    """Fail unless ``fd`` is readable within ``seconds`` (rather than block the test)."""
+    assert select.select([fd], [], [], seconds)[0], f"nothing to read within {seconds} s"
+    yield
