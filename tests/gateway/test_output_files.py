@@ -1,24 +1,22 @@
-"""Big output files cost the gateway neither memory nor event-loop time.
+"""Big output files cost the gateway no memory.
 
 The gateway returns only figures' contents, and lists other files by name and size; a run may
 still write 48 MiB of files (sparse ones cost the sandbox no memory at all). Each test runs the
 gateway as its own process and, during one such call, resets and then reads its peak RSS
-(VmHWM) and polls ``/healthz``. Before ``content_wanted`` and the streamed answer, one call
-grew the gateway by 130 to 220 MiB and stalled ``/healthz`` for 0.4 to 0.8 s here (see
-``bench/bench_output_files.py``). Evaluation services: the built-in evaluator in-process, and a
+(VmHWM); the event loop's stalls are a timing, which ``bench/bench_output_files.py`` measures
+(``/healthz`` polled during the call). Before ``content_wanted`` and the streamed answer, one
+call grew the gateway by 130 to 220 MiB and stalled ``/healthz`` for 0.4 to 0.8 s here.
+Evaluation services: the built-in evaluator in-process, and a
 Snekbox-like one that ignores ``content_wanted`` and sends every content.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
 from tests.gateway.harness import ServiceProcess, gateway_process
@@ -27,9 +25,9 @@ from tests.support import connect, text_of
 pytestmark = pytest.mark.anyio
 
 MiB = 1024 * 1024
-#: Bounds of one hostile call: the growth of the gateway's peak RSS, the worst /healthz latency.
+#: The bound of one hostile call's growth of the gateway's peak RSS. How long the event loop
+#: stalls meanwhile is a timing, measured by bench/bench_output_files.py, not asserted here.
 MAX_GROWTH_MIB = 30
-MAX_HEALTHZ_SECONDS = 0.5
 
 SPARSE = "for i in range(4):\n    open(f'sparse_{i}.bin', 'wb').truncate(11 * 2**20)\n"
 RANDOM = (
@@ -65,32 +63,6 @@ def kib(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
-
-
-class HealthPoller:
-    """GET /healthz every 10 ms in a thread, keeping the worst latency."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.worst = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> HealthPoller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        with httpx.Client(trust_env=False, timeout=30) as http:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                assert http.get(f"{self.url}/healthz").status_code == 200
-                self.worst = max(self.worst, time.perf_counter() - started)
-                self._stop.wait(0.01)
 
 
 @pytest.fixture(scope="module")
@@ -129,16 +101,13 @@ async def test_big_output_files_cost_the_gateway_little(gateway: ServiceProcess,
     await call(gateway.url, "print('warm-up')")
     reset_peak(gateway.pid)
     before = kib(gateway.pid, "VmRSS")
-    with HealthPoller(gateway.url) as health:
-        result = await call(gateway.url, code)
+    result = await call(gateway.url, code)
     growth = (kib(gateway.pid, "VmHWM") - before) / 1024
-    print(f"{name}: peak RSS +{growth:.1f} MiB, worst /healthz {health.worst * 1000:.0f} ms")
     assert not result.is_error, result
     assert "[exit code 0: ok]" in text_of(result)
     files = result.structured_content["files"]
     assert [(f["path"], f["size"]) for f in files] == listed
     assert growth < MAX_GROWTH_MIB, f"the gateway grew by {growth:.0f} MiB for one call"
-    assert health.worst < MAX_HEALTHZ_SECONDS, f"/healthz took {health.worst:.2f} s"
     if name == "figure-named-sparse-files":
         images = result.structured_content["images"]
         assert [(i["width"], i["size"], i["returned"]) for i in images] == [
