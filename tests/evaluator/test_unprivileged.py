@@ -140,6 +140,28 @@ def test_limits_fall_back_to_rlimits_and_say_so(service: tuple[str, object]) -> 
     assert killed["returncode"] == 137 and "ended_by" not in killed
 
 
+def test_a_live_session_for_an_ordinary_user(service: tuple[str, object]) -> None:
+    """Cells share one interpreter; a time limit interrupts (the rlimit fallbacks change
+    nothing there), and ending the session ends its interpreter."""
+    url, _ = service
+
+    def cell(code: str) -> dict[str, object]:
+        answer = httpx.post(f"{url}/eval", json={"input": code, "session": "nobody"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()  # type: ignore[no-any-return]
+
+    assert cell("import os\nkept = os.getuid()")["session_ended"] is False
+    spin = cell("while True: pass")
+    assert (spin["returncode"], spin["ended_by"], spin["session_ended"]) == (
+        130,
+        "time_limit",
+        False,
+    )
+    assert cell("print(kept)")["stdout"] == f"{NOBODY}\n"
+    assert httpx.delete(f"{url}/sessions/nobody", timeout=30).status_code == 204
+    assert cell("print('kept' in globals())")["stdout"] == "False\n"
+
+
 def test_shared_isolation_checks_hold_for_an_ordinary_user(
     service: tuple[str, object],
 ) -> None:
