@@ -7,9 +7,10 @@ one-shot run (its own uid, cgroup, working directory, memory and process limits)
 files are written into the directory the session keeps, its output is what it prints until its
 status comes, and only the files it changed come back.
 
-A cell past its time limit, or past the output limit, is interrupted (KeyboardInterrupt); if it
-has not ended :data:`INTERRUPT_GRACE` seconds later, the interpreter is killed and the session
-ends. So does it when the interpreter dies (a memory kill, ``os._exit``): the answer says so
+A cell past its time limit is interrupted (KeyboardInterrupt, repeated); if it has not ended
+:data:`INTERRUPT_GRACE` seconds later, the interpreter is killed and the session ends. So does
+it past the output limit (as a one-shot run, 143) and when the interpreter dies (a memory kill,
+``os._exit``): the answer says so
 (``session_ended``), and the next run naming the id starts a new interpreter. Sessions also end
 after ``session_idle_timeout`` seconds without a run, when :meth:`LiveSessions.end` is asked, or
 to make room (``session_limit``: the longest idle goes first).

@@ -58,7 +58,7 @@ def describe_exit(
     ``ended_by`` is the evaluator's word on which limit ended the run; ``None`` (Snekbox never
     says) leaves a 137 worded as either limit. ``memory_limit_mib``, when known, is named in a
     memory kill's message. ``session_ended`` ``False``: a cell of a live session, whose
-    interpreter a limit only interrupted.
+    interpreter the time limit only interrupted.
     """
     if returncode is None:
         return _describe_message(stdout)
@@ -66,11 +66,6 @@ def describe_exit(
         return "interrupted", (
             f"interrupted after {duration:.1f} s (KeyboardInterrupt, then exit code "
             f"{returncode}): the time limit was reached; the session's variables are kept"
-        )
-    if session_ended is False and ended_by == "output_limit":
-        return "output_limit", (
-            f"interrupted (KeyboardInterrupt, then exit code {returncode}): the output limit was "
-            "reached, the output was cut; the session's variables are kept"
         )
     if returncode == 0:
         return "ok", "exit code 0: ok"
