@@ -34,7 +34,11 @@ import signal
 import sys
 
 _RELEASE = b"\xffrun\xff"
+#: The release of an agent (warm, or a session's), which keeps fds 5 and 6.
+_RELEASE_AGENT = b"\xffagent\xff"
 _ARGS_FD = 3
+#: Where the pipes of an agent are; a plain run does not get them.
+_AGENT_FDS = (5, 6)
 # stdin, stdout, stderr, the command line, the seccomp program, a warm agent's request pipe and
 # a session agent's status pipe
 _KEPT_FDS = 7
@@ -144,9 +148,13 @@ def main() -> None:
         chunks.append(chunk)
     os.close(_ARGS_FD)
     data = b"".join(chunks)
-    if not data.endswith(_RELEASE):
+    if data.endswith(_RELEASE_AGENT):
+        argv = data[: -len(_RELEASE_AGENT)].split(b"\0")[:-1]
+    elif data.endswith(_RELEASE):
+        argv = data[: -len(_RELEASE)].split(b"\0")[:-1]
+        os.closerange(_AGENT_FDS[0], _AGENT_FDS[-1] + 1)  # a sandbox made for either
+    else:
         os._exit(0)
-    argv = data[: -len(_RELEASE)].split(b"\0")[:-1]
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)  # Python ignores them; exec keeps that
     env = {k.encode(): v.encode() for k, v in spec["env"].items()}

@@ -38,6 +38,7 @@ _LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 # Ends a released command line; a launcher that reads EOF without it (the run was cancelled,
 # or the service died mid-write) exits without running anything.
 _RELEASE = b"\xffrun\xff"
+_RELEASE_AGENT = b"\xffagent\xff"  # see _launcher.py: it keeps the agent's pipes
 #: What the launcher writes once it has mounted the working directory (_launcher._MOUNTED).
 MOUNTED = b"\x06"
 # Where bwrap finds the seccomp program (the launcher's fd 4).
@@ -327,8 +328,9 @@ class JailedProcess:
         """Hand the launcher its command line: it execs it now, and the clock starts.
 
         Past ``time_limit`` seconds the tree is killed: by :meth:`wait`, or, should the event
-        loop be stalled, by a watchdog thread shortly after. ``None``: a warm agent, whose
-        clock starts when :meth:`deliver` hands it the run.
+        loop be stalled, by a watchdog thread shortly after. ``None``: an agent (warm, or a
+        session's), which keeps its pipes, and whose clock starts when it is handed a run
+        (:meth:`deliver`, :meth:`run_cell`); any other run gets no pipe of an agent's.
 
         Raises:
             ValueError: an argument contains a NUL byte.
@@ -336,7 +338,13 @@ class JailedProcess:
         if self._args_fd is None:
             raise RuntimeError("the process was already released or cancelled")
         fd, self._args_fd = self._args_fd, None
-        _write_args(fd, argv)
+        agent = time_limit is None
+        if not agent:
+            for name in ("_request_fd", "_status_fd"):
+                if (pipe := getattr(self, name)) is not None:
+                    os.close(pipe)
+                    setattr(self, name, None)
+        _write_args(fd, argv, _RELEASE_AGENT if agent else _RELEASE)
         self.released_at = time.monotonic()
         if time_limit is not None:
             self._start_clock(time_limit)
@@ -713,12 +721,12 @@ class JailedProcess:
         return exited.done()
 
 
-def _write_args(fd: int, args: Sequence[str]) -> None:
-    """Write NUL-terminated ``args`` and the release marker to ``fd``, then close it."""
+def _write_args(fd: int, args: Sequence[str], marker: bytes = _RELEASE) -> None:
+    """Write NUL-terminated ``args`` and the release ``marker`` to ``fd``, then close it."""
     try:
         if any("\0" in arg for arg in args):
             raise ValueError("embedded null byte")
-        view = memoryview(b"".join(os.fsencode(arg) + b"\0" for arg in args) + _RELEASE)
+        view = memoryview(b"".join(os.fsencode(arg) + b"\0" for arg in args) + marker)
         while view:
             view = view[os.write(fd, view) :]
     except BrokenPipeError:

@@ -182,7 +182,8 @@ class LiveSessions:
             del self._starting[session_id]
 
     async def _start_cold(self) -> Sandbox:
-        sandbox = self._pool.prepare(session=True)
+        sandbox = self._pool.take_for_session()
+        asyncio.get_running_loop().call_soon(self._pool.refill)  # not before this start
         try:
             if not await self._pool.ready(sandbox):
                 raise RuntimeError("the session's sandbox did not start")

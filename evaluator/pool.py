@@ -120,6 +120,14 @@ class SandboxPool:
         """
         return self._ready.pop() if self._ready else self.prepare()
 
+    def take_for_session(self) -> Sandbox:
+        """A ready sandbox, or a new one, for a session's agent (given its pipes).
+
+        Raises:
+            OSError: a new sandbox could not be made.
+        """
+        return self._ready.pop() if self._ready else self.prepare(session=True)
+
     async def ready(self, sandbox: Sandbox) -> bool:
         """Wait until a sandbox's working directory is there to write in (see :meth:`take`).
 
@@ -169,8 +177,8 @@ class SandboxPool:
         """Make a sandbox: working directory, cgroups, and the process waiting in them.
 
         ``warm``: a sandbox for the agent, in a cgroup made in the background (see
-        :meth:`start_warming`), the launcher given a request pipe. ``session``: for a
-        session's agent, in the foreground, given a request pipe and a status pipe.
+        :meth:`start_warming`), the launcher given a request pipe. ``session``: given a request
+        pipe and a status pipe, for a session's agent (or a plain run: its launcher closes them).
 
         Raises:
             OSError: any part could not be made (what was made is removed again).
@@ -212,7 +220,7 @@ class SandboxPool:
             workdir.remove()
             self._users.give_back(user)
             raise
-        return Sandbox(workdir, cgroup, process, user, warm or session)
+        return Sandbox(workdir, cgroup, process, user, warm)
 
     def retire(self, sandbox: Sandbox) -> None:
         """Dispose of a used sandbox in the background, then prepare the slot's next one."""
@@ -247,7 +255,9 @@ class SandboxPool:
         """Prepare sandboxes until ``ready`` of them wait, then warm sandboxes."""
         while not self._closing and len(self._ready) < self._target:
             try:
-                self._ready.append(self.prepare())
+                # With an agent's pipes, for a session's agent (see take_for_session); a plain
+                # run's launcher closes them before it execs (see JailedProcess.release).
+                self._ready.append(self.prepare(session=True))
             except OSError:
                 log.exception("could not prepare a sandbox ahead of time")
                 return

@@ -269,9 +269,13 @@ class Evaluator:
                 return EvalResult(f"the session's interpreter could not start: {exc}", None)
 
     def _session_argv(self, sandbox: Sandbox) -> list[str]:
-        """bwrap's command line of a session's agent (see :mod:`.live`)."""
+        """bwrap's command line of a session's agent started cold (see :mod:`.live`).
+
+        It imports nothing ahead: its first cell waits for it, and imports only what it uses,
+        as a cold one-shot run does (the warm sandboxes that sessions take have imported
+        ``preimport`` while nothing waited)."""
         agent = _AGENT_IN_SANDBOX if self._view is not None else self._agent_file
-        command = [self.config.executable, agent, "--session", *self.config.preimport]
+        command = [self.config.executable, agent, "--session"]
         return self._argv(command, sandbox.workdir, [(self._agent_file, _AGENT_IN_SANDBOX)])
 
     async def aclose(self) -> None:

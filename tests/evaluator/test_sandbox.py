@@ -369,3 +369,12 @@ async def test_huge_and_sparse_files(client: httpx.AsyncClient) -> None:
     result = await run(client, code)
     # In path order, until the total exceeds the working directory's size.
     assert [(f["path"], f["size"]) for f in result["files"]] == [("a.bin", 5_000_000)]
+
+
+async def test_a_run_gets_only_stdin_stdout_and_stderr(client: httpx.AsyncClient) -> None:
+    """Sandboxes made ahead carry a session agent's pipes (fds 5 and 6): a plain run's
+    launcher closes them, so no run holds a descriptor of the service's."""
+    code = "import os\nprint(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))"
+    for _ in range(3):  # the first may be made on demand; the next ones were made ahead
+        result = await run(client, code)
+        assert (result["returncode"], result["stdout"]) == (0, "[0, 1, 2, 3]\n"), result
