@@ -7,19 +7,24 @@ gateway sends (prelude included), so the difference is the gateway alone: MCP fr
 the tool layer, and one more HTTP hop; and the MCP client's own work (its share is not small:
 it validates every result against the tool's output schema). Target: at most 3 ms at p50.
 
-    uv run python bench/bench_gateway.py [-n 200]
+``--in-process``: the embedded default instead, the gateway with its own evaluator (no
+``SNEKBOX_URL``), against the direct ``/eval`` of an evaluator service configured the same.
+``--before DIR`` adds, side by side, the gateway of another checkout started the same way
+(``git worktree add /tmp/bench-before <commit>``).
+
+    uv run python bench/bench_gateway.py [-n 200] [--in-process] [--before DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack, ExitStack
 
-from _common import free_port, percentile, python_server
+from _common import ROOT, before_checkout, free_port, percentile, service_of
 from mcp import Client
 from mcp.client.sse import sse_client
 
@@ -27,16 +32,14 @@ import plotting
 from snekbox_client import SnekboxClient
 
 TARGET_MS = 3.0
+DIRECT = "direct /eval"
 
 
-async def measure(n: int, evaluator_url: str, gateway_url: str) -> dict[str, list[float]]:
+async def measure(n: int, evaluator_url: str, gateways: dict[str, str]) -> dict[str, list[float]]:
+    """``gateways``: a name for each gateway's URL; each is called over both transports."""
     request = plotting.build_request("print(1)")
-    samples: dict[str, list[float]] = {"direct /eval": [], "MCP Streamable HTTP": [], "MCP SSE": []}
-    async with (
-        SnekboxClient(evaluator_url) as direct,
-        Client(f"{gateway_url}/mcp") as http,
-        Client(sse_client(f"{gateway_url}/sse")) as sse,
-    ):
+    async with AsyncExitStack() as stack:
+        direct = await stack.enter_async_context(SnekboxClient(evaluator_url))
 
         async def via_direct() -> None:
             result = await direct.eval(request)
@@ -50,12 +53,18 @@ async def measure(n: int, evaluator_url: str, gateway_url: str) -> dict[str, lis
 
             return call
 
-        ways = list(zip(samples, [via_direct, via(http), via(sse)], strict=True))
+        ways: list[tuple[str, Callable[[], Awaitable[None]]]] = [(DIRECT, via_direct)]
+        for name, url in gateways.items():
+            http = await stack.enter_async_context(Client(f"{url}/mcp"))
+            sse = await stack.enter_async_context(Client(sse_client(f"{url}/sse")))
+            ways += [(f"{name} HTTP", via(http)), (f"{name} SSE", via(sse))]
+        samples: dict[str, list[float]] = {name: [] for name, _ in ways}
         for _, way in ways:  # warm-up: connections, imports, first sandbox
             for _ in range(3):
                 await way()
         for i in range(n):
-            for name, way in ways[i % 3 :] + ways[: i % 3]:
+            shift = i % len(ways)
+            for name, way in ways[shift:] + ways[:shift]:
                 started = time.perf_counter()
                 await way()
                 samples[name].append((time.perf_counter() - started) * 1000)
@@ -65,28 +74,32 @@ async def measure(n: int, evaluator_url: str, gateway_url: str) -> dict[str, lis
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=200, help="calls per way (default 200)")
+    parser.add_argument(
+        "--in-process", action="store_true", help="gateways with their own evaluator"
+    )
+    parser.add_argument("--before", help="a checkout of the 'before' commit, for its gateway")
     args = parser.parse_args()
+    before = before_checkout(args.before)
 
-    eval_port, gateway_port = free_port(), free_port()
+    eval_port = free_port()
     evaluator_url = f"http://127.0.0.1:{eval_port}"
-    gateway_url = f"http://127.0.0.1:{gateway_port}"
-    gateway_env = {**os.environ, "MCP_LOG_LEVEL": "warning", "SNEKBOX_URL": evaluator_url}
-    with (
-        python_server(
-            ["-m", "evaluator", "--port", str(eval_port), "--log-level", "warning"],
-            f"OPTIONS {evaluator_url}/eval",
-        ),
-        python_server(
-            ["-m", "python_mcp_server", "--port", str(gateway_port)],
-            f"GET {gateway_url}/healthz",
-            env=gateway_env,
-        ),
-    ):
-        samples = asyncio.run(measure(args.n, evaluator_url, gateway_url))
+    checkouts = {"gateway": ROOT} | ({"before": before} if before else {})
+    with ExitStack() as stack:
+        stack.enter_context(service_of(ROOT, "evaluator", eval_port))
+        gateways = {}
+        for name, checkout in checkouts.items():
+            port = free_port()
+            env = {} if args.in_process else {"SNEKBOX_URL": evaluator_url}
+            stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
+            gateways[name] = f"http://127.0.0.1:{port}"
+        samples = asyncio.run(measure(args.n, evaluator_url, gateways))
 
-    base50 = statistics.median(samples["direct /eval"])
-    base95 = percentile(samples["direct /eval"], 95)
-    print(f"print(1), {args.n} calls each way, interleaved; times in ms")
+    base50 = statistics.median(samples[DIRECT])
+    base95 = percentile(samples[DIRECT], 95)
+    where = "its own evaluator" if args.in_process else "SNEKBOX_URL: the evaluator service"
+    print(f"print(1), {args.n} calls each way, interleaved; times in ms; gateways on {where}")
+    for name, checkout in checkouts.items():
+        print(f"  {name}: {checkout}")
     print(f"{'way':<22}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p50 ratio':>11}")
     for name, values in samples.items():
         p50, p95 = statistics.median(values), percentile(values, 95)

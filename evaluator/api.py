@@ -159,8 +159,64 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
     )
 
 
+#: The title of the 503 answer to a request that finds the queue full.
+QUEUE_FULL = "Evaluation queue is full"
+
+
+def queue_full_description(exc: QueueFull) -> str:
+    """The description of that answer."""
+    return (
+        f"All {exc.running} evaluation slots are busy and {exc.waiting} evaluations are "
+        "waiting; try again later."
+    )
+
+
+def check_request(request: EvalRequest, *, max_files: int) -> None:
+    """What :func:`parse_request` checks of a request built in this process rather than sent
+    as JSON (the gateway's, with the evaluator in its process): the same errors, and no
+    request the API would refuse runs.
+
+    Raises:
+        RequestInvalid: as :func:`parse_request` does.
+        InvalidFile: as :func:`parse_request` does.
+    """
+    if len(request.files) > max_files:
+        raise RequestInvalid(
+            "Request data failed validation",
+            f"A request may send at most {max_files} files, not {len(request.files)}",
+        )
+    # The schema's verdict on all but the files' contents and the arguments, which the
+    # dataclass has as bytes and strings already.
+    checked: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("input", request.input),
+            ("args", None if request.args is None else []),
+            ("files", [{"path": file.path} for file in request.files] or None),
+            ("executable_path", request.executable_path),
+            (TIME_LIMIT_FIELD, request.time_limit),
+            (SESSION_FIELD, request.session),
+        )
+        if value is not None
+    }
+    error = jsonschema.exceptions.best_match(_validator.iter_errors(checked))
+    if error is not None:
+        raise RequestInvalid("Request data failed validation", error.message)
+    for file in request.files:
+        _check_path(file.path)
+
+
 def _parse_file(item: dict[str, str]) -> File:
     path = item["path"]
+    _check_path(path)
+    try:
+        content = base64.b64decode(item.get("content", ""))
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidFile(f"Invalid base64 encoding for file '{path}'") from exc
+    return File(path, content)
+
+
+def _check_path(path: str) -> None:
     if path.startswith("/"):
         raise InvalidFile(f"File path '{path}' must be relative")
     # Snekbox resolves the path under /home; a NUL byte makes that fail the same way.
@@ -178,11 +234,6 @@ def _parse_file(item: dict[str, str]) -> File:
                 f"File path '{path}' collides with '{reserved}', a directory the evaluator "
                 "keeps for itself"
             )
-    try:
-        content = base64.b64decode(item.get("content", ""))
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidFile(f"Invalid base64 encoding for file '{path}'") from exc
-    return File(path, content)
 
 
 def _parse_body(data: bytes | bytearray, max_files: int) -> EvalRequest:
@@ -224,11 +275,7 @@ class _EvalEndpoint:
             return _HTTPError(400, exc.title, exc.description).response()
         except QueueFull as exc:
             return _HTTPError(
-                503,
-                "Evaluation queue is full",
-                f"All {exc.running} evaluation slots are busy and {exc.waiting} evaluations are "
-                "waiting; try again later.",
-                headers={"Retry-After": "1"},
+                503, QUEUE_FULL, queue_full_description(exc), headers={"Retry-After": "1"}
             ).response()
         except Exception:
             log.exception("An exception occurred while trying to process the request")

@@ -18,6 +18,8 @@ Serving:
 The tool:
 
 - :mod:`gateway.tool`: :class:`Gateway`, which owns the evaluation service and runs each call.
+- :mod:`gateway.inprocess`: the built-in evaluator in the gateway's process, called as the
+  HTTP client is, without the HTTP.
 - :mod:`gateway.admission`: evaluations at once, and the bounded wait for a slot.
 - :mod:`gateway.failures`: the service's failures in words the model can act on.
 - :mod:`gateway.metrics`: the Prometheus metrics.

@@ -2,10 +2,11 @@
 
 A call belongs to a code session (:mod:`gateway.code_sessions`: a new one, or the one it names),
 whose files, with those it sends in (:mod:`gateway.uploads`), go into its run. It is admitted
-(:mod:`gateway.admission`), sent as one ``POST /eval`` through :mod:`snekbox_client`, and
-rendered (:mod:`gateway.render`); the files it wrote stay with the session. Failures of the
-service become tool errors worded by :mod:`gateway.failures`; a user's exception is a normal
-result. Each call is counted (:mod:`gateway.metrics`) and logged in one JSON line.
+(:mod:`gateway.admission`), sent as one ``POST /eval`` through :mod:`snekbox_client` (or run
+by the built-in evaluator in this process, :mod:`gateway.inprocess`), and rendered
+(:mod:`gateway.render`); the files it wrote stay with the session. Failures of the service
+become tool errors worded by :mod:`gateway.failures`; a user's exception is a normal result.
+Each call is counted (:mod:`gateway.metrics`) and logged in one JSON line.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import replace
 from typing import Annotated, Any
 
 import anyio
-import httpx
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
@@ -42,6 +42,7 @@ from snekbox_client import (
 from .admission import Admission, Busy
 from .code_sessions import CodeSession, CodeSessions, SessionGone
 from .failures import GATEWAY_FAILED, ServiceFailure, explain, failure_kind
+from .inprocess import InProcessClient
 from .metrics import Metrics
 from .render import SessionView, render_result
 from .schema import ExecutionResult
@@ -81,7 +82,7 @@ class Gateway:
             on_close=self._end_live_session,
         )
         self._endings: set[asyncio.Task[None]] = set()
-        self._client: SnekboxClient | None = None
+        self._client: SnekboxClient | InProcessClient | None = None
         self._builtin: evaluator.Evaluator | None = None
         #: Set on shutdown: calls in flight finish, new ones are turned away.
         self.draining = False
@@ -108,14 +109,7 @@ class Gateway:
             # never drops one that the gateway still holds.
             limit = settings.evaluator_config.session_limit
             self.sessions.max_sessions = max(1, min(self.sessions.max_sessions, limit))
-            # raise_app_exceptions=False: a failure inside the evaluator reaches the client as
-            # the 500 it answers (a SnekboxError), not as the evaluator's own exception.
-            transport = httpx.ASGITransport(
-                evaluator.create_app(self._builtin), raise_app_exceptions=False
-            )
-            self._client = SnekboxClient(
-                "http://builtin-evaluator", transport=transport, timeout=settings.timeout
-            )
+            self._client = InProcessClient(self._builtin, timeout=settings.timeout)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -127,7 +121,7 @@ class Gateway:
             await self._builtin.aclose()
 
     @property
-    def client(self) -> SnekboxClient:
+    def client(self) -> SnekboxClient | InProcessClient:
         if self._client is None:
             raise RuntimeError("the gateway is not started: use it as an async context manager")
         return self._client
