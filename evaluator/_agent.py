@@ -234,6 +234,7 @@ def serve_cells() -> None:
         arrived.release()
 
     _thread.start_new_thread(read_frames, ())
+    os.register_at_fork(before=_quiet_fork_warning)
     while True:
         arrived.acquire()
         payload = cells.pop(0)
@@ -267,6 +268,19 @@ def serve_cells() -> None:
             except BaseException:
                 pass
         os.write(STATUS_FD, status.to_bytes(4, "big", signed=True))
+
+
+def _quiet_fork_warning() -> None:
+    """Before a cell's first fork: no DeprecationWarning (3.12+) that the process is
+    multi-threaded when the only other thread is the agent's own (it holds no lock a child
+    could need, and a child ends with the cell)."""
+    import warnings
+
+    if not getattr(_quiet_fork_warning, "done", False):
+        _quiet_fork_warning.done = True  # type: ignore[attr-defined]
+        warnings.filterwarnings(
+            "ignore", r"This process \(pid=\d+\) is multi-threaded", DeprecationWarning
+        )
 
 
 def _stop_the_cells_processes() -> None:
