@@ -9,10 +9,13 @@ it validates every result against the tool's output schema). Target: at most 3 m
 
 ``--in-process``: the embedded default instead, the gateway with its own evaluator (no
 ``SNEKBOX_URL``), against the direct ``/eval`` of an evaluator service configured the same.
+``--session``: every call a cell of one live session (the built-in evaluator's), the direct
+call naming its own (``"session"``), each gateway's passing the ``session_id`` it was given:
+a cell costs milliseconds, where a call that starts a session costs an interpreter's start.
 ``--before DIR`` adds, side by side, the gateway of another checkout started the same way
 (``git worktree add /tmp/bench-before <commit>``).
 
-    uv run python bench/bench_gateway.py [-n 200] [--in-process] [--before DIR]
+    uv run python bench/bench_gateway.py [-n 200] [--in-process] [--session] [--before DIR]
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, ExitStack
+from dataclasses import replace
+from typing import Any
 
 from _common import ROOT, before_checkout, free_port, percentile, service_of
 from mcp import Client
@@ -35,9 +40,13 @@ TARGET_MS = 3.0
 DIRECT = "direct /eval"
 
 
-async def measure(n: int, evaluator_url: str, gateways: dict[str, str]) -> dict[str, list[float]]:
+async def measure(
+    n: int, evaluator_url: str, gateways: dict[str, str], *, session: bool
+) -> dict[str, list[float]]:
     """``gateways``: a name for each gateway's URL; each is called over both transports."""
     request = plotting.build_request("print(1)")
+    if session:
+        request = replace(request, session="bench-direct")
     async with AsyncExitStack() as stack:
         direct = await stack.enter_async_context(SnekboxClient(evaluator_url))
 
@@ -46,10 +55,14 @@ async def measure(n: int, evaluator_url: str, gateways: dict[str, str]) -> dict[
             assert result.stdout == "1\n", result
 
         def via(client: Client) -> Callable[[], Awaitable[None]]:
+            arguments: dict[str, Any] = {"code": "print(1)"}
+
             async def call() -> None:
-                result = await client.call_tool("execute_python_code", {"code": "print(1)"})
+                result = await client.call_tool("execute_python_code", arguments)
                 assert not result.is_error and result.structured_content is not None
                 assert result.structured_content["stdout"] == "1\n", result
+                if session:
+                    arguments["session_id"] = result.structured_content["session_id"]
 
             return call
 
@@ -77,8 +90,11 @@ def main() -> None:
     parser.add_argument(
         "--in-process", action="store_true", help="gateways with their own evaluator"
     )
+    parser.add_argument("--session", action="store_true", help="cells of one session each")
     parser.add_argument("--before", help="a checkout of the 'before' commit, for its gateway")
     args = parser.parse_args()
+    if args.session and not args.in_process:
+        parser.error("--session needs --in-process: over SNEKBOX_URL the gateway keeps files only")
     before = before_checkout(args.before)
 
     eval_port = free_port()
@@ -92,12 +108,13 @@ def main() -> None:
             env = {} if args.in_process else {"SNEKBOX_URL": evaluator_url}
             stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
             gateways[name] = f"http://127.0.0.1:{port}"
-        samples = asyncio.run(measure(args.n, evaluator_url, gateways))
+        samples = asyncio.run(measure(args.n, evaluator_url, gateways, session=args.session))
 
     base50 = statistics.median(samples[DIRECT])
     base95 = percentile(samples[DIRECT], 95)
     where = "its own evaluator" if args.in_process else "SNEKBOX_URL: the evaluator service"
-    print(f"print(1), {args.n} calls each way, interleaved; times in ms; gateways on {where}")
+    kind = "cells of one session" if args.session else "calls"
+    print(f"print(1), {args.n} {kind} each way, interleaved; times in ms; gateways on {where}")
     for name, checkout in checkouts.items():
         print(f"  {name}: {checkout}")
     print(f"{'way':<22}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p50 ratio':>11}")
