@@ -28,6 +28,16 @@ async def evaluator() -> AsyncIterator[Evaluator]:
         yield started
 
 
+async def cell_running(evaluator: Evaluator, session: str) -> None:
+    """Return once a cell of ``session`` runs (its lock is taken), and a moment more."""
+    live = evaluator._live
+    assert live is not None
+    with anyio.fail_after(60):
+        while not live._open[session].lock.locked():  # noqa: ASYNC110 - nothing to wait on
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+
+
 async def cell(evaluator: Evaluator, session: str, code: str, **changes: object) -> EvalResult:
     with anyio.fail_after(120):
         request = EvalRequest(args=("-c", code), session=session)
@@ -110,9 +120,11 @@ async def test_an_agent_that_does_not_read_holds_up_only_its_own_session(
         "threading.Thread(target=hog, daemon=True).start()"
     )
     assert (await cell(evaluator, "hog", hog)).returncode == 0
-    await asyncio.sleep(1)
-    # A cell bigger than the pipe: written within its time limit, or the session ends.
-    stuck = asyncio.create_task(cell(evaluator, "hog", "pass\n" + "#" * 300_000, time_limit=2.0))
+    await asyncio.sleep(3)  # the thread's 0.5 s, with room for a loaded machine
+    # A cell bigger than the pipe: written within its time limit, or the session ends. Its
+    # 10 s (and 2 s of grace) leave a loaded machine room for the run beside it.
+    big = "pass\n" + "#" * 300_000
+    stuck = asyncio.create_task(cell(evaluator, "hog", big, time_limit=10.0))
     with anyio.fail_after(60):
         other = await evaluator.run(EvalRequest(args=("-c", "print('free')")))
     assert other.stdout == "free\n" and not stuck.done()
@@ -152,7 +164,7 @@ async def test_ended_evicted_and_idle_sessions_start_afresh() -> None:
 async def test_a_cancelled_cell_ends_its_session(evaluator: Evaluator) -> None:
     await cell(evaluator, "cancel", "x = 1")
     running = asyncio.ensure_future(cell(evaluator, "cancel", "import time\ntime.sleep(60)"))
-    await asyncio.sleep(1.0)
+    await cell_running(evaluator, "cancel")
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
@@ -176,7 +188,7 @@ async def test_stopping_ends_the_sessions_and_their_running_cells() -> None:
         await cell(evaluator, "idle", "x = 1")
         await cell(evaluator, "busy", "x = 1")
         running = asyncio.create_task(cell(evaluator, "busy", "import time\ntime.sleep(60)"))
-        await asyncio.sleep(1)
+        await cell_running(evaluator, "busy")
     finally:
         with anyio.fail_after(60):
             await evaluator.aclose()  # raises when a sandbox's mount or cgroup is left
