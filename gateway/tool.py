@@ -197,8 +197,8 @@ class Gateway:
                 "(files sent with `files` and files the code wrote). Each call's code runs like "
                 "a notebook cell; sys.exit() ends the cell, not the session. A call past its "
                 "time limit is interrupted (KeyboardInterrupt) and the session goes on; if the "
-                "code does not stop, or on a memory kill, the interpreter ends: its variables "
-                "are lost, its files kept (the result says so). " + ending
+                "code does not stop, on a memory kill, or past the output limit, the interpreter "
+                "ends: its variables are lost, its files kept (the result says so). " + ending
             )
         return (
             "- Sessions keep files, not variables. A call without session_id starts a new "
