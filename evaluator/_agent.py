@@ -105,21 +105,11 @@ def run(args: "list[str]") -> "tuple[int, ModuleType]":
     main = type(sys)("__main__")
     # What python gives its __main__: the loader of -c code is the built-in importer.
     main.__dict__.update(__builtins__=builtins, __annotations__={}, __loader__=BuiltinImporter)
-    if args[0] == "-c":
-        source: str | bytes = args[1]
-        filename = "<string>"
-        sys.argv[:] = ["-c", *args[2:]]
-        sys.path[0] = ""
-    else:
-        filename = os.path.abspath(args[0])
-        sys.argv[:] = list(args)
-        sys.path[0] = os.path.dirname(filename)
-        try:
-            with open(args[0], "rb") as file:
-                source = file.read()
-        except OSError as exc:
-            sys.stderr.write(f"{sys.executable}: can't open file {args[0]!r}: {exc}\n")
-            return 2, main
+    loaded = _load(args)
+    if loaded is None:
+        return 2, main
+    source, filename = loaded
+    if args[0] != "-c":
         main.__dict__.update(
             __file__=filename, __cached__=None, __loader__=SourceFileLoader("__main__", filename)
         )
@@ -313,27 +303,35 @@ def _read_exact(size: int) -> "bytes | None":
     return data
 
 
+def _load(args: "list[str]") -> "tuple[str | bytes, str] | None":
+    """The source and file name ``args`` run (``-c CODE`` or a script), ``sys.argv`` and
+    ``sys.path[0]`` set as python sets them; ``None`` when the script cannot be read (said on
+    stderr, as python says it, whose status is then 2)."""
+    if args[0] == "-c":
+        sys.argv[:] = ["-c", *args[2:]]
+        sys.path[0] = ""
+        return args[1], "<string>"
+    filename = os.path.abspath(args[0])
+    sys.argv[:] = list(args)
+    sys.path[0] = os.path.dirname(filename)
+    try:
+        with open(args[0], "rb") as file:
+            return file.read(), filename
+    except OSError as exc:
+        sys.stderr.write(f"{sys.executable}: can't open file {args[0]!r}: {exc}\n")
+        return None
+
+
 def _run_cell(args: "list[str]", main: "ModuleType") -> int:
     """One cell: ``args`` run as :func:`run` runs them, in ``main``; its status."""
     import builtins
 
     if not main.__dict__:
         main.__dict__.update(__builtins__=builtins, __annotations__={})
-    if args[0] == "-c":
-        source: str | bytes = args[1]
-        filename = "<string>"
-        sys.argv[:] = ["-c", *args[2:]]
-        sys.path[0] = ""
-    else:
-        filename = os.path.abspath(args[0])
-        sys.argv[:] = list(args)
-        sys.path[0] = os.path.dirname(filename)
-        try:
-            with open(args[0], "rb") as file:
-                source = file.read()
-        except OSError as exc:
-            sys.stderr.write(f"{sys.executable}: can't open file {args[0]!r}: {exc}\n")
-            return 2
+    loaded = _load(args)
+    if loaded is None:
+        return 2
+    source, filename = loaded
     sys.modules["__main__"] = main
     try:
         exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)

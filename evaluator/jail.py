@@ -277,24 +277,8 @@ class JailedProcess:
 
         ``False``: it failed first (its message becomes the run's output, and it exits 255).
         """
-        if self._output_fd is None:
-            return False
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
-        fd = self._output_fd
-
-        def on_readable() -> None:
-            if not readable.done():
-                readable.set_result(None)
-
-        loop.add_reader(fd, on_readable)
-        try:
-            await asyncio.wait((readable,), timeout=_MOUNT_WAIT)
-        finally:
-            loop.remove_reader(fd)
-        try:
-            first = os.read(fd, 1)
-        except BlockingIOError:
+        first = await self._first_read(_MOUNT_WAIT, 1)
+        if first is None:
             return False
         if first == MOUNTED:
             return True
@@ -304,8 +288,13 @@ class JailedProcess:
     async def first_output(self, seconds: float) -> bytes:
         """What the process writes first (a warm agent's WARM, or why it failed); ``b""`` at
         EOF or after ``seconds``."""
+        return await self._first_read(seconds, 4096) or b""
+
+    async def _first_read(self, seconds: float, size: int) -> bytes | None:
+        """At most ``size`` bytes of output once there are some (``b""``: EOF); ``None``
+        when nothing came within ``seconds``."""
         if self._output_fd is None:
-            return b""
+            return None
         loop = asyncio.get_running_loop()
         readable: asyncio.Future[None] = loop.create_future()
         fd = self._output_fd
@@ -320,9 +309,9 @@ class JailedProcess:
         finally:
             loop.remove_reader(fd)
         try:
-            return os.read(fd, 4096)
+            return os.read(fd, size)
         except BlockingIOError:
-            return b""
+            return None
 
     def release(self, argv: Sequence[str], time_limit: float | None) -> None:
         """Hand the launcher its command line: it execs it now, and the clock starts.
