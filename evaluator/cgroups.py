@@ -372,6 +372,29 @@ def _move_all_then_enable(source: Path, leaf: Path, enable: str) -> None:
             time.sleep(0.01)
 
 
+def own_memory_limit() -> int | None:
+    """The smallest memory limit, in bytes, on this process's cgroup and its ancestors (a
+    container's ``mem_limit``, a systemd unit's ``MemoryMax``); ``None``: none is set here."""
+    mounts = _cgroup_mounts()
+    places = []
+    if "cgroup2" in mounts and (own := _own_v2_cgroup()) is not None:
+        places.append((mounts["cgroup2"], own, "memory.max"))
+    if "memory" in mounts and (own := _own_v1_cgroup("memory")) is not None:
+        places.append((mounts["memory"], own, "memory.limit_in_bytes"))
+    limits = []
+    for root, own, name in places:
+        directory = root / own.lstrip("/")
+        while directory == root or root in directory.parents:
+            with contextlib.suppress(OSError):
+                value = (directory / name).read_text().strip()
+                if value.isdigit():  # v2 says "max" when unlimited
+                    limits.append(int(value))
+            if directory == root:
+                break
+            directory = directory.parent
+    return min(limits, default=None)
+
+
 def _cgroup_mounts() -> dict[str, Path]:
     """Mount points by controller (v1) and ``cgroup2`` for the unified hierarchy."""
     found: dict[str, Path] = {}

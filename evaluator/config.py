@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from .cgroups import own_memory_limit
 from .settings import ExplicitSettings, Flag, load
 
 try:
@@ -266,10 +267,12 @@ class EvaluatorConfig(ExplicitSettings):
 
     @property
     def session_limit(self) -> int:
-        """Live sessions at once: :attr:`max_sessions`, or as many as half the memory holds."""
+        """Live sessions at once: :attr:`max_sessions`, or as many as half the memory holds
+        (the machine's, or the service's own cgroup's when less: a container's ``mem_limit``)."""
         if self.max_sessions is not None:
             return self.max_sessions
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = min(total, own_memory_limit() or total)
         return max(1, total // 2 // (self.memory_limit * MiB))
 
     @property

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from evaluator import EvaluatorConfig
 from evaluator.cgroups import Cgroups, _cgroup_mounts, _own_v1_cgroup
 
 _NOBODY = 65534
@@ -109,3 +112,32 @@ def test_run_cgroups_nest_below_the_services_own_cgroup() -> None:
         run.remove()
         for directory in run.dirs:
             directory.parent.rmdir()
+
+
+def test_the_session_cap_follows_a_memory_limit_on_the_services_own_cgroup() -> None:
+    """A container's ``mem_limit`` (here: a v1 memory cgroup limited to 1 GiB, the service
+    moved into it) caps the default number of live sessions, not the machine's memory."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to make a memory cgroup")
+    mounts, own = _cgroup_mounts(), _own_v1_cgroup("memory")
+    if "memory" not in mounts or own is None:
+        pytest.skip("no cgroup v1 memory hierarchy here (cgroup v2 is the VM test's)")
+    limited = mounts["memory"] / own.lstrip("/") / f"evaluator-test-limit-{os.getpid()}"
+    limited.mkdir()
+    try:
+        (limited / "memory.limit_in_bytes").write_text(str(1024 * 1024 * 1024))
+        code = (
+            "import os, sys\n"
+            "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+            "from evaluator import EvaluatorConfig\n"
+            "print(EvaluatorConfig(memory_limit=128).session_limit)"
+        )
+        procs = str(limited / "cgroup.procs")
+        inside = subprocess.run(
+            [sys.executable, "-c", code, procs], capture_output=True, text=True, check=True
+        )
+        outside = EvaluatorConfig(memory_limit=128).session_limit
+    finally:
+        limited.rmdir()
+    assert inside.stdout == "4\n"  # half of 1 GiB over 128 MiB
+    assert outside > 4
