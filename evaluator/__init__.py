@@ -24,6 +24,7 @@ from .errors import (
     QueueFull,
     RequestInvalid,
     SandboxUnavailable,
+    SessionNotFound,
 )
 from .models import Limit
 from .service import Evaluator
@@ -38,5 +39,6 @@ __all__ = [
     "QueueFull",
     "RequestInvalid",
     "SandboxUnavailable",
+    "SessionNotFound",
     "create_app",
 ]

@@ -35,6 +35,7 @@ from starlette.routing import Route
 from snekbox_client import (
     CONTENT_WANTED_FIELD,
     SESSION_FIELD,
+    SESSION_RESUME_FIELD,
     TIME_LIMIT_FIELD,
     ContentWanted,
     EvalRequest,
@@ -42,7 +43,7 @@ from snekbox_client import (
     File,
 )
 
-from .errors import InvalidFile, QueueFull, RequestInvalid
+from .errors import InvalidFile, QueueFull, RequestInvalid, SessionNotFound
 from .host import MPLCONFIGDIR
 from .service import Evaluator
 from .workdir import TMP_DIR
@@ -73,6 +74,7 @@ REQUEST_SCHEMA: dict[str, Any] = {
         # This project's extensions (see snekbox_client.TIME_LIMIT_FIELD, SESSION_FIELD).
         "time_limit": {"type": "number", "exclusiveMinimum": 0},
         "session": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+        "session_resume": {"type": "boolean"},
     },
     "anyOf": [{"required": ["input"]}, {"required": ["args"]}],
 }
@@ -156,6 +158,7 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
         content_wanted=content_wanted,
         time_limit=body.get(TIME_LIMIT_FIELD),
         session=body.get(SESSION_FIELD),
+        session_resume=body.get(SESSION_RESUME_FIELD, False),
     )
 
 
@@ -196,6 +199,7 @@ def check_request(request: EvalRequest, *, max_files: int) -> None:
             ("executable_path", request.executable_path),
             (TIME_LIMIT_FIELD, request.time_limit),
             (SESSION_FIELD, request.session),
+            (SESSION_RESUME_FIELD, request.session_resume or None),
         )
         if value is not None
     }
@@ -273,6 +277,8 @@ class _EvalEndpoint:
             return exc.response()
         except RequestInvalid as exc:
             return _HTTPError(400, exc.title, exc.description).response()
+        except SessionNotFound as exc:
+            return _HTTPError(404, exc.title, str(exc)).response()
         except QueueFull as exc:
             return _HTTPError(
                 503, QUEUE_FULL, queue_full_description(exc), headers={"Retry-After": "1"}
@@ -357,6 +363,18 @@ def _session_endpoint(evaluator: Evaluator) -> Callable[[Request], Awaitable[Res
     return end
 
 
+def _info_endpoint(evaluator: Evaluator) -> Callable[[Request], Awaitable[Response]]:
+    """``GET /info``: what this service offers beyond Snekbox's API (this project's extension;
+    Snekbox answers 404), so that a gateway in front of it knows whether sessions stay live."""
+
+    async def info(request: Request) -> Response:
+        config = evaluator.config
+        sessions = {"max": config.session_limit, "idle_timeout": config.session_idle_timeout}
+        return JSONResponse({"sessions": sessions, "time_limit": config.time_limit})
+
+    return info
+
+
 async def _wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -392,6 +410,7 @@ def create_app(evaluator: Evaluator, *, manage_evaluator: bool = False) -> Starl
         routes=[
             Route("/eval", _EvalEndpoint(evaluator).handle, methods=["POST", "OPTIONS"]),
             Route("/sessions/{session}", _session_endpoint(evaluator), methods=["DELETE"]),
+            Route("/info", _info_endpoint(evaluator), methods=["GET"]),
         ],
         exception_handlers={404: _not_found, 405: _method_not_allowed},
         lifespan=lifespan,

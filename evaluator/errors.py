@@ -5,6 +5,7 @@
     ├── RequestInvalid       the request cannot be run as given (an HTTP 400 at the edge)
     │   ├── InvalidFile          a file's path or content is illegal
     │   └── InvalidExecutable    ``executable_path`` does not exist, is not a file or not executable
+    ├── SessionNotFound      a run resumes a live session this service does not hold (an HTTP 404)
     └── QueueFull            too many runs are already waiting for a slot (an HTTP 503 at the edge)
 
 A user's code failing is not an error: it is an ``EvalResult`` with a non-zero ``returncode``.
@@ -19,6 +20,7 @@ __all__ = [
     "QueueFull",
     "RequestInvalid",
     "SandboxUnavailable",
+    "SessionNotFound",
 ]
 
 
@@ -48,6 +50,20 @@ class InvalidFile(RequestInvalid):
 
 class InvalidExecutable(RequestInvalid):
     """``executable_path`` cannot be run inside the sandbox."""
+
+
+class SessionNotFound(EvaluatorError):
+    """A run asked to resume a live session that this service does not hold (it never did,
+    ended it, or restarted): nothing ran."""
+
+    title = "Session not found"
+
+    def __init__(self, session: str) -> None:
+        super().__init__(
+            f"No live session {session!r} is held here (it ended, expired, was evicted, or "
+            "this service restarted): nothing ran"
+        )
+        self.session = session
 
 
 class QueueFull(EvaluatorError):

@@ -87,6 +87,11 @@ class LiveSessions:
         """Sessions open now."""
         return len(self._open)
 
+    def holds(self, session_id: str) -> bool:
+        """Whether the session ``session_id`` is live (or starting) here."""
+        self.expire()
+        return session_id in self._open or session_id in self._starting
+
     async def run(
         self, session_id: str, args: list[str], request: EvalRequest, time_limit: float
     ) -> EvalResult:

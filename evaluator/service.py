@@ -25,7 +25,7 @@ from snekbox_client import EndedBy, EvalRequest, EvalResult
 from . import bytecode, limits, seccomp
 from .cgroups import Cgroups, RunCgroup
 from .config import EvaluatorConfig, MiB
-from .errors import InvalidExecutable, QueueFull, SandboxUnavailable
+from .errors import InvalidExecutable, QueueFull, SandboxUnavailable, SessionNotFound
 from .host import (
     MPLCONFIGDIR,
     WHAT_TO_DO,
@@ -212,6 +212,7 @@ class Evaluator:
             InvalidExecutable: ``executable_path`` does not exist in the sandbox, is not a file,
                 or is not executable.
             QueueFull: every slot is busy and ``max_queue`` runs already wait.
+            SessionNotFound: the request resumes a session that is not live here.
             RuntimeError: :meth:`start` was not called, or :meth:`aclose` was.
 
         When the awaiting task is cancelled, the run's process tree is SIGKILLed before the
@@ -260,6 +261,8 @@ class Evaluator:
                 "other option",
                 None,
             )
+        if request.session_resume and not live.holds(session):
+            raise SessionNotFound(session)
         time_limit = min(request.time_limit or self.config.time_limit, self.config.time_limit)
         async with self._slot():
             try:

@@ -21,6 +21,7 @@ from snekbox_client import (
     EvaluatorRejected,
     EvaluatorTimeout,
     EvaluatorUnavailable,
+    ServiceInfo,
 )
 
 __all__ = ["InProcessClient"]
@@ -32,8 +33,9 @@ _NAME = "in-process"
 
 
 class InProcessClient:
-    """:class:`SnekboxClient`'s ``eval``, ``end_session``, ``ping`` and ``aclose`` for an
-    evaluator started in this process (which the caller starts and stops).
+    """:class:`SnekboxClient`'s ``eval``, ``end_session``, ``info``, ``ping`` and ``aclose``
+    for an evaluator started in this process (which the caller starts and stops); there is
+    one replica, so ``replica`` is ignored.
 
     Args:
         service: The evaluator.
@@ -45,12 +47,13 @@ class InProcessClient:
         self._timeout = timeout
         self._closed = False
 
-    async def eval(self, request: EvalRequest) -> EvalResult:
+    async def eval(self, request: EvalRequest, *, replica: str | None = None) -> EvalResult:
         """Run ``request``.
 
         Raises:
-            EvaluatorRejected: what the API would answer 400 (an invalid request), 503 (the
-                queue is full) or 500 (anything unexpected, logged).
+            EvaluatorRejected: what the API would answer 400 (an invalid request), 404 (a
+                resumed session is not live), 503 (the queue is full) or 500 (anything
+                unexpected, logged).
             EvaluatorTimeout: no answer within the timeout.
             EvaluatorUnavailable: the client is closed.
         """
@@ -64,15 +67,26 @@ class InProcessClient:
             raise EvaluatorTimeout(_NAME, self._timeout) from None
         except evaluator.RequestInvalid as exc:
             raise EvaluatorRejected(400, exc.title, exc.description) from exc
+        except evaluator.SessionNotFound as exc:
+            raise EvaluatorRejected(404, exc.title, str(exc)) from exc
         except evaluator.QueueFull as exc:
             raise EvaluatorRejected(503, QUEUE_FULL, queue_full_description(exc)) from exc
         except Exception as exc:
             log.exception("An exception occurred while trying to process the request")
             raise EvaluatorRejected(500, "500 Internal Server Error") from exc
 
-    async def end_session(self, session: str) -> None:
+    async def end_session(self, session: str, *, replica: str | None = None) -> None:
         """End a live session now; one the evaluator does not hold is no error."""
         await self._service.end_session(session)
+
+    async def choose_replica(self) -> str | None:
+        """One replica: there is nothing to choose."""
+        return None
+
+    async def info(self) -> ServiceInfo:
+        """What ``GET /info`` would answer."""
+        config = self._service.config
+        return ServiceInfo(config.session_limit, config.session_idle_timeout, config.time_limit)
 
     async def ping(self) -> None:
         """Nothing to reach: it answers while the client is open.

@@ -22,7 +22,7 @@ requests spread over them (:class:`BalancingTransport`).
 """
 
 from ._answer import AnswerReader
-from ._balancing import AddressState, BalancingTransport, Resolver, resolve
+from ._balancing import REPLICA, AddressState, BalancingTransport, Resolver, resolve
 from ._client import DEFAULT_TIMEOUT, SnekboxClient
 from ._exceptions import (
     ConnectionLost,
@@ -37,20 +37,24 @@ from ._models import (
     ENDED_BY_FIELD,
     SESSION_ENDED_FIELD,
     SESSION_FIELD,
+    SESSION_RESUME_FIELD,
     TIME_LIMIT_FIELD,
     ContentWanted,
     EndedBy,
     EvalRequest,
     EvalResult,
     File,
+    ServiceInfo,
 )
 
 __all__ = [
     "CONTENT_WANTED_FIELD",
     "DEFAULT_TIMEOUT",
     "ENDED_BY_FIELD",
+    "REPLICA",
     "SESSION_ENDED_FIELD",
     "SESSION_FIELD",
+    "SESSION_RESUME_FIELD",
     "TIME_LIMIT_FIELD",
     "AddressState",
     "AnswerReader",
@@ -66,6 +70,7 @@ __all__ = [
     "File",
     "InvalidResponse",
     "Resolver",
+    "ServiceInfo",
     "SnekboxClient",
     "SnekboxError",
     "resolve",

@@ -19,9 +19,13 @@ from dataclasses import dataclass
 
 import httpx
 
-__all__ = ["AddressState", "BalancingTransport", "Resolver", "resolve"]
+__all__ = ["REPLICA", "AddressState", "BalancingTransport", "Resolver", "resolve"]
 
 log = logging.getLogger(__name__)
+
+#: The request extension that sends a request to one address (a replica holding a live
+#: session) instead of choosing, and the response extension that says where one went.
+REPLICA = "snekbox_client.replica"
 
 #: Resolves ``(host, port)`` to IP addresses as strings; raises ``OSError`` when it cannot.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
@@ -53,11 +57,17 @@ class _Address:
 class BalancingTransport(httpx.AsyncBaseTransport):
     """An httpx transport that spreads the requests for ``host:port`` over its addresses.
 
-    Each request goes to the address with the fewest requests in flight (from sending the
-    request until its response is closed); among equals, to the next one in address order after
-    the last chosen, so sequential requests go round-robin. ``OPTIONS`` requests (Snekbox's
-    liveness probe) go to the next address in line without moving the rotation, so that health
-    checks do not skew where evaluations go.
+    Each evaluation (a ``POST``) goes to the address with the fewest evaluations in flight (from
+    sending the request until its response is closed); among equals, to the next one in address
+    order after the last chosen, so sequential evaluations go round-robin. Other requests
+    (``OPTIONS``, Snekbox's liveness probe; ``GET /info``) go to the next address in line
+    without moving the rotation and are not counted in flight: health checks come at any moment
+    (a ``/readyz``, Docker's healthcheck), and must not change where evaluations go.
+
+    A request whose :data:`REPLICA` extension names an address goes there and nowhere else
+    (a live session is in that replica's memory); when the name no longer resolves to it, or it
+    refuses the connection, the request fails with ``httpx.ConnectError``. Every response's
+    :data:`REPLICA` extension names the address that answered it.
 
     The name is resolved again every ``refresh_interval`` seconds and after a connection error.
     An address that refused or timed out a connection is skipped for ``refresh_interval``
@@ -114,11 +124,14 @@ class BalancingTransport(httpx.AsyncBaseTransport):
                 f"this transport serves {self.host}:{self.port} only, not {request.url}"
             )
         await self._refresh(force=False)
+        pinned = request.extensions.get(REPLICA)
+        if pinned is not None:
+            return await self._send_pinned(str(pinned), request)
         tried: set[str] = set()
         refreshed = False
         last_error: httpx.TransportError | None = None
         while True:
-            address = self._pick(tried, probe=request.method == "OPTIONS")
+            address = self._pick(tried, probe=request.method != "POST")
             if address is None:
                 if refreshed or last_error is None:
                     raise last_error or httpx.ConnectError(f"{self.host} resolves to no address")
@@ -134,6 +147,31 @@ class BalancingTransport(httpx.AsyncBaseTransport):
                 address.down_until = time.monotonic() + self._refresh_interval
                 self._resolved_at = -float("inf")
                 last_error = exc
+
+    async def choose(self) -> str:
+        """The address the next request would go to, the rotation moved past it: for a caller
+        that sends a series of requests to one replica (a live session's, with :data:`REPLICA`).
+
+        Raises:
+            httpx.ConnectError: the name resolves to no address.
+        """
+        await self._refresh(force=False)
+        address = self._pick(set(), probe=False)
+        if address is None:
+            raise httpx.ConnectError(f"{self.host} resolves to no address")
+        return address.address
+
+    async def _send_pinned(self, pinned: str, request: httpx.Request) -> httpx.Response:
+        address = next((a for a in self._addresses if a.address == pinned), None)
+        if address is None:
+            raise httpx.ConnectError(f"{self.host} no longer resolves to the replica {pinned}")
+        try:
+            return await self._send(address, request)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            log.info("cannot connect to %s (%s): %s", address.address, self.host, exc)
+            address.down_until = time.monotonic() + self._refresh_interval
+            self._resolved_at = -float("inf")
+            raise
 
     async def aclose(self) -> None:
         for address in [*self._addresses, *self._retired]:
@@ -168,16 +206,19 @@ class BalancingTransport(httpx.AsyncBaseTransport):
             stream=request.stream,
             extensions=request.extensions,
         )
-        address.in_flight += 1
+        counted = request.method == "POST"
+        address.in_flight += counted
         try:
             response = await address.pool.handle_async_request(retargeted)
         except BaseException:
-            self._release(address)
+            address.in_flight -= counted
             raise
         if not isinstance(response.stream, httpx.AsyncByteStream):  # never, from httpx's pools
-            self._release(address)
+            address.in_flight -= counted
             raise TypeError("the address's transport returned a synchronous stream")
-        response.stream = _Counted(response.stream, lambda: self._release(address))
+        if counted:
+            response.stream = _Counted(response.stream, lambda: self._release(address))
+        response.extensions[REPLICA] = address.address
         return response
 
     @staticmethod

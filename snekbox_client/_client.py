@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,7 +14,7 @@ from urllib.parse import quote
 import httpx
 
 from ._answer import AnswerReader
-from ._balancing import BalancingTransport
+from ._balancing import REPLICA, BalancingTransport
 from ._exceptions import (
     ConnectionLost,
     EvaluatorRejected,
@@ -21,7 +22,7 @@ from ._exceptions import (
     EvaluatorUnavailable,
     InvalidResponse,
 )
-from ._models import ContentWanted, EvalRequest, EvalResult
+from ._models import ContentWanted, EvalRequest, EvalResult, ServiceInfo
 
 __all__ = ["DEFAULT_TIMEOUT", "SnekboxClient"]
 
@@ -110,8 +111,10 @@ class SnekboxClient:
             headers={"Accept-Encoding": "identity"},
         )
 
-    async def eval(self, request: EvalRequest) -> EvalResult:
-        """Run one evaluation.
+    async def eval(self, request: EvalRequest, *, replica: str | None = None) -> EvalResult:
+        """Run one evaluation; on the replica at address ``replica``, if given (where a live
+        session is: see :class:`BalancingTransport`). The result's ``replica`` says which
+        address ran it, when the URL is balanced.
 
         Raises:
             EvaluatorUnavailable: the service could not be reached (the code did not run).
@@ -128,12 +131,46 @@ class SnekboxClient:
             max_text_bytes=self.max_text_bytes,
             max_files=self.max_files,
         )
-        async with self._exchange("POST", "/eval", json=request.to_json()) as response:
+        body = request.to_json()
+        async with self._exchange("POST", "/eval", replica, json=body) as response:
             if response.status_code != 200:
                 raise _rejection(response.status_code, await _read_at_most(response))
             async for chunk in response.aiter_bytes():
                 reader.feed(chunk)
-        return await asyncio.to_thread(reader.result)
+            answered_by = response.extensions.get(REPLICA)
+        result = await asyncio.to_thread(reader.result)
+        return dataclasses.replace(result, replica=answered_by) if answered_by else result
+
+    async def choose_replica(self) -> str | None:
+        """The replica that a series of requests (a live session's) should all go to: the one a
+        request would go to now. ``None`` when the URL is not balanced (one address).
+
+        Raises:
+            EvaluatorUnavailable: the URL's name resolves to no address.
+        """
+        if not isinstance(self.transport, BalancingTransport):
+            return None
+        try:
+            return await self.transport.choose()
+        except httpx.TransportError as exc:
+            raise EvaluatorUnavailable(self.base_url, _reason(exc)) from exc
+
+    async def info(self) -> ServiceInfo:
+        """What the service offers beyond Snekbox's API (``GET /info``): Snekbox, which has no
+        such route, offers nothing beyond it.
+
+        Raises the same errors as :meth:`eval`.
+        """
+        async with self._exchange("GET", "/info") as response:
+            if response.status_code in (404, 405):
+                return ServiceInfo.none()
+            content = await _read_at_most(response)
+            if response.status_code != 200:
+                raise _rejection(response.status_code, content)
+        try:
+            return ServiceInfo.from_json(json.loads(content))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InvalidResponse(f"GET /info answered what is not JSON: {exc}") from exc
 
     async def ping(self) -> None:
         """Check that the service answers ``OPTIONS /eval`` (Snekbox's cheapest probe).
@@ -144,13 +181,15 @@ class SnekboxClient:
             if response.status_code >= 400:
                 raise _rejection(response.status_code, await _read_at_most(response))
 
-    async def end_session(self, session: str) -> None:
-        """End a live session of the built-in evaluator (``DELETE /sessions/<id>``); one it
-        does not hold (or Snekbox, which has none) is no error.
+    async def end_session(self, session: str, *, replica: str | None = None) -> None:
+        """End a live session of the built-in evaluator (``DELETE /sessions/<id>``), on the
+        replica at ``replica`` if given; one it does not hold (or Snekbox, which has none) is
+        no error.
 
         Raises the same errors as :meth:`eval` when the service cannot be reached.
         """
-        async with self._exchange("DELETE", f"/sessions/{quote(session, safe='')}") as response:
+        path = f"/sessions/{quote(session, safe='')}"
+        async with self._exchange("DELETE", path, replica) as response:
             if response.status_code >= 500:
                 raise _rejection(response.status_code, await _read_at_most(response))
 
@@ -170,15 +209,17 @@ class SnekboxClient:
 
     @asynccontextmanager
     async def _exchange(
-        self, method: str, path: str, **kwargs: Any
+        self, method: str, path: str, replica: str | None = None, **kwargs: Any
     ) -> AsyncIterator[httpx.Response]:
-        """One request, its response streamed; every httpx error becomes a :class:`SnekboxError`.
+        """One request (to the address ``replica``, if given, of a balanced URL), its response
+        streamed; every httpx error becomes a :class:`SnekboxError`.
 
         Whether the code may have run decides the class: not if no connection was made
         (:class:`EvaluatorUnavailable`), perhaps if one broke (:class:`ConnectionLost`).
         """
         try:
-            async with self._http.stream(method, path, **kwargs) as response:
+            extensions = {REPLICA: replica} if replica is not None else None
+            async with self._http.stream(method, path, extensions=extensions, **kwargs) as response:
                 yield response
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import fnmatch
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -16,12 +17,14 @@ __all__ = [
     "ENDED_BY_FIELD",
     "SESSION_ENDED_FIELD",
     "SESSION_FIELD",
+    "SESSION_RESUME_FIELD",
     "TIME_LIMIT_FIELD",
     "ContentWanted",
     "EndedBy",
     "EvalRequest",
     "EvalResult",
     "File",
+    "ServiceInfo",
 ]
 
 #: The request field of :class:`ContentWanted`: this project's extension of Snekbox's request.
@@ -34,6 +37,8 @@ TIME_LIMIT_FIELD = "time_limit"
 #: by design, ignores the one and never sends the other).
 SESSION_FIELD = "session"
 SESSION_ENDED_FIELD = "session_ended"
+#: The request field of :attr:`EvalRequest.session_resume`.
+SESSION_RESUME_FIELD = "session_resume"
 
 #: The answer field of :data:`EndedBy`: this project's extension of Snekbox's answer, which the
 #: built-in evaluator sends and Snekbox does not.
@@ -142,7 +147,9 @@ class EvalRequest:
     ``time_limit``: seconds this run may take, when fewer than the service's own limit (the
     built-in evaluator honours it; Snekbox ignores it and applies its own). ``session``: run it
     in the live interpreter of this session (the built-in evaluator starts one for an id it
-    does not hold; Snekbox ignores the field and runs it one-shot).
+    does not hold; Snekbox ignores the field and runs it one-shot). ``session_resume``: the
+    session must be live already: the built-in evaluator answers 404 "Session not found"
+    rather than start a fresh interpreter, so that lost variables are never a surprise.
     """
 
     input: str | None = None
@@ -152,6 +159,7 @@ class EvalRequest:
     content_wanted: ContentWanted | None = None
     time_limit: float | None = None
     session: str | None = None
+    session_resume: bool = False
 
     def __post_init__(self) -> None:
         if self.input is None and self.args is None:
@@ -182,6 +190,8 @@ class EvalRequest:
             body[TIME_LIMIT_FIELD] = self.time_limit
         if self.session is not None:
             body[SESSION_FIELD] = self.session
+        if self.session_resume:
+            body[SESSION_RESUME_FIELD] = True
         return body
 
 
@@ -204,6 +214,9 @@ class EvalResult:
     ended_by: EndedBy | None = None
     #: For a run in a session: whether its interpreter ended with it (``None``: not a session).
     session_ended: bool | None = None
+    #: The address of the replica that ran it, when the client chose one among several (see
+    #: :class:`~snekbox_client.BalancingTransport`); not part of the answer.
+    replica: str | None = field(default=None, compare=False)
 
     @classmethod
     def from_json(cls, data: Any) -> EvalResult:
@@ -279,6 +292,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _parse_file(item: Any) -> File:
     if not isinstance(item, dict):
         raise InvalidResponse("a file entry is not an object")
@@ -303,3 +320,45 @@ def file_from_answer(path: str, content: str, size: Any) -> File:
     if not _is_int(size) or size < len(data):
         raise InvalidResponse(f"file {path!r} has an invalid 'size'")
     return File(path, data, size)
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """What a service offers beyond Snekbox's API, from the built-in evaluator's ``GET /info``
+    (Snekbox has none: :meth:`none`).
+
+    ``max_sessions``: the live sessions one replica holds (0: none, every run is one-shot);
+    ``session_idle_timeout``: seconds after which it ends an idle one; ``time_limit``: its
+    longest run, in seconds (``None``: not said).
+    """
+
+    max_sessions: int = 0
+    session_idle_timeout: float | None = None
+    time_limit: float | None = None
+
+    @classmethod
+    def none(cls) -> ServiceInfo:
+        """A service that says nothing (Snekbox): one-shot runs, its own limits."""
+        return cls()
+
+    @classmethod
+    def from_json(cls, data: Any) -> ServiceInfo:
+        """Parse a decoded ``GET /info`` body, raising :class:`InvalidResponse` when malformed."""
+        if not isinstance(data, dict) or not isinstance(data.get("sessions"), dict):
+            raise InvalidResponse("'sessions' is missing or not an object")
+        sessions = data["sessions"]
+        max_sessions, idle, time_limit = (
+            sessions.get("max"),
+            sessions.get("idle_timeout"),
+            data.get("time_limit"),
+        )
+        if not _is_int(max_sessions) or max_sessions < 0:
+            raise InvalidResponse("'sessions.max' is not a non-negative integer")
+        for name, value in (("sessions.idle_timeout", idle), ("time_limit", time_limit)):
+            if value is not None and not (_is_number(value) and value > 0):
+                raise InvalidResponse(f"'{name}' is not a positive number")
+        return cls(
+            max_sessions,
+            None if idle is None else float(idle),
+            None if time_limit is None else float(time_limit),
+        )

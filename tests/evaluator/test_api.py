@@ -18,7 +18,8 @@ from .conftest import TIME_LIMIT, b64, config, run
 def test_public_api() -> None:
     assert set(evaluator.__all__) == {
         "Evaluator", "EvaluatorConfig", "EvaluatorError", "InvalidExecutable", "InvalidFile",
-        "Limit", "QueueFull", "RequestInvalid", "SandboxUnavailable", "create_app",
+        "Limit", "QueueFull", "RequestInvalid", "SandboxUnavailable", "SessionNotFound",
+        "create_app",
     }  # fmt: skip
     for name in evaluator.__all__:
         assert getattr(evaluator, name).__module__.startswith("evaluator.")

@@ -14,7 +14,7 @@ import anyio
 import httpx
 import pytest
 
-from evaluator import Evaluator, _agent, create_app
+from evaluator import Evaluator, SessionNotFound, _agent, create_app
 from snekbox_client import EvalRequest, EvalResult, File
 
 from .conftest import config
@@ -159,6 +159,33 @@ async def test_ended_evicted_and_idle_sessions_start_afresh() -> None:
             refused = await http.post("/eval", json={"input": "1", "session": "bad id!"})
             assert refused.status_code == 400
         assert (await cell(evaluator, "one", "print('x' in globals())")).stdout == "False\n"
+
+
+async def test_a_resumed_session_that_is_not_held_is_not_started_afresh(
+    evaluator: Evaluator,
+) -> None:
+    """``session_resume``: a session the service does not hold (ended, expired, evicted, or
+    never started here) is refused, 404 over HTTP, and nothing runs: a caller that expects
+    its variables is never handed a fresh interpreter."""
+    await cell(evaluator, "held", "x = 1")
+    kept = await cell(evaluator, "held", "print(x)", session_resume=True)
+    assert (kept.stdout, kept.session_ended) == ("1\n", False)
+    await evaluator.end_session("held")
+    with pytest.raises(SessionNotFound, match="'held'"):
+        await cell(evaluator, "held", "open('ran', 'w')", session_resume=True)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(create_app(evaluator)), base_url="http://evaluator"
+    ) as http:
+        body = {"input": "open('ran', 'w')", "session": "never", "session_resume": True}
+        refused = await http.post("/eval", json=body)
+        assert refused.status_code == 404
+        assert refused.json()["title"] == "Session not found"
+        assert "nothing ran" in refused.json()["description"]
+        bad = await http.post("/eval", json={**body, "session_resume": "yes"})
+        assert bad.status_code == 400
+        info = (await http.get("/info")).json()
+    assert info == {"sessions": {"max": 2, "idle_timeout": 900.0}, "time_limit": 10.0}
+    assert evaluator.live_sessions == 0  # neither refusal started one
 
 
 async def test_a_cancelled_cell_ends_its_session(evaluator: Evaluator) -> None:

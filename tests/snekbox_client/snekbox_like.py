@@ -4,7 +4,7 @@ Snekbox's request schema ignores unknown fields, so it answers a request carryin
 ``content_wanted`` with every file's full content. This serves the real evaluator behind an ASGI
 wrapper that drops the field from each ``POST /eval`` body: the answers are then Snekbox's, with
 all contents (and the evaluator's ``ended_by``, which is not what is tested here), and the
-client's own reading of them is what is under test.
+client's own reading of them is what is under test. It keeps no live sessions, as Snekbox.
 
     python -m tests.snekbox_client.snekbox_like --port 8060 [--host 127.0.0.1]
 """
@@ -69,7 +69,9 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args()
-    evaluator = Evaluator(EvaluatorConfig(time_limit=args.time_limit, concurrency=2))
+    # One-shot, as Snekbox: no live sessions (its GET /info says so).
+    config = EvaluatorConfig(time_limit=args.time_limit, concurrency=2, max_sessions=0)
+    evaluator = Evaluator(config)
     app = IgnoreContentWanted(create_app(evaluator, manage_evaluator=True))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 

@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from snekbox_client import (
@@ -103,6 +103,29 @@ async def test_the_least_busy_replica_gets_the_next_call(replicas: int) -> None:
     assert short_ones == [3, 3, 3, 3]
 
 
+async def test_a_pinned_request_goes_to_its_replica_and_nowhere_else(replicas: int) -> None:
+    """A live session is in one replica's memory: its calls go there, whatever the rotation
+    (elsewhere, ``session_resume`` would be refused 404); a replica gone is an error."""
+    answers = Answers(list(REPLICAS))
+    async with balanced(replicas, answers, refresh_interval=0.2) as (client, _):
+        with anyio.fail_after(120):
+            first = await client.eval(EvalRequest(input="x = 1", session="pinned"))
+            assert first.replica in REPLICAS and first.session_ended is False
+            resume = EvalRequest(input="x += 1\nprint(x)", session="pinned", session_resume=True)
+            counts = []
+            for _ in range(4):
+                result = await client.eval(resume, replica=first.replica)
+                assert result.replica == first.replica
+                counts.append(result.stdout)
+                assert (await client.eval(EvalRequest(input="1"))).replica  # moves the rotation
+            await client.end_session("pinned", replica=first.replica)
+        assert counts == ["2\n", "3\n", "4\n", "5\n"]
+        answers.addresses = [a for a in REPLICAS if a != first.replica]
+        await anyio.sleep(0.3)
+        with pytest.raises(EvaluatorUnavailable, match="no longer resolves to the replica"):
+            await client.eval(resume, replica=first.replica)
+
+
 async def test_a_replica_that_dies_is_skipped(replicas: int) -> None:
     """Its call goes to another replica at once (a refused connection sent nothing)."""
     with evaluator_at("127.0.0.4", replicas, "--max-files", "4") as fourth:
@@ -156,14 +179,25 @@ async def test_a_name_that_does_not_resolve_is_unavailable(replica_port: int) ->
 
 
 @contextlib.contextmanager
-def witness(address: str, port: int) -> Iterator[None]:
-    """A server on ``address:port`` that answers each /eval with the Host header it received."""
+def witness(
+    address: str, port: int, probes: tuple[threading.Event, threading.Event] | None = None
+) -> Iterator[None]:
+    """A server on ``address:port`` that answers each /eval with the Host header it received.
 
-    async def eval_(request: Request) -> JSONResponse:
+    With ``probes`` (arrived, answer), an ``OPTIONS /eval`` sets the first and is answered once
+    the second is set: a health check that stays in flight (the fake's one reason to be).
+    """
+
+    async def eval_(request: Request) -> Response:
+        if request.method == "OPTIONS":
+            if probes is not None:
+                probes[0].set()
+                await anyio.to_thread.run_sync(probes[1].wait, 30)
+            return Response()
         stdout = f"{request.headers['host']} at {address}"
         return JSONResponse({"stdout": stdout, "returncode": 0, "files": []})
 
-    app = Starlette(routes=[Route("/eval", eval_, methods=["POST"])])
+    app = Starlette(routes=[Route("/eval", eval_, methods=["POST", "OPTIONS"])])
     server = uvicorn.Server(uvicorn.Config(app, host=address, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -185,6 +219,26 @@ async def test_the_host_header_stays_the_name() -> None:
         async with balanced(port, Answers(addresses)) as (client, _):
             answers = [(await client.eval(EvalRequest(input="x"))).stdout for _ in range(2)]
     assert answers == [f"{NAME}:{port} at 127.0.0.5", f"{NAME}:{port} at 127.0.0.6"]
+
+
+async def test_a_health_probe_in_flight_does_not_move_the_evaluations() -> None:
+    """Health checks come at any moment: one in flight on a replica must not send the next
+    evaluations elsewhere (a sequential rotation seen broken by the compose test)."""
+    addresses = ["127.0.0.5", "127.0.0.6"]
+    port = port_free_on(addresses)
+    arrived, answer = threading.Event(), threading.Event()
+    with witness(addresses[0], port, (arrived, answer)), witness(addresses[1], port):
+        async with (
+            balanced(port, Answers(addresses)) as (client, _),
+            anyio.create_task_group() as group,
+        ):
+            group.start_soon(client.ping)  # to 127.0.0.5, the next in line; held there
+            assert await anyio.to_thread.run_sync(arrived.wait, 30)
+            seen = []
+            for _ in range(4):
+                seen.append((await client.eval(EvalRequest(input="x"))).stdout.split()[-1])
+            answer.set()
+    assert seen == addresses * 2
 
 
 # --- The system resolver, and which transport a URL gets ---------------------------------------
