@@ -177,10 +177,15 @@ def create_app(settings: Settings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with gateway, server.session_manager.run():
-            # Once the evaluator has started, the description claims only what it enforces.
+        def describe_again() -> None:
             server.remove_tool(TOOL_NAME)
             _add_tool(server, gateway)
+
+        gateway.on_description_change = describe_again
+        async with gateway, server.session_manager.run():
+            # Once the evaluator has started (or the remote service said what it offers), the
+            # description claims only what it enforces.
+            describe_again()
             yield
 
     routes: list[BaseRoute] = [

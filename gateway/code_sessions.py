@@ -12,6 +12,10 @@ a new one needs its room (``max_sessions``: the longest idle goes first). A call
 ended session is told which of these happened (:class:`SessionGone`), never given a fresh
 one silently. A session belongs to the client that started it: with a bearer token, another
 token's calls do not find it.
+
+Its id is a handle (:mod:`gateway.handles`) naming the evaluator replica that holds its live
+interpreter: another gateway with the same secret that is asked for a session it never saw
+takes it on (:meth:`CodeSessions.get` with ``adopt``), without its files.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from .handles import SessionHandles
+
 __all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "file_uri"]
 
 #: The scheme of the files' resource URIs: ``session://<session id>/<path, percent-encoded>``.
@@ -34,7 +40,7 @@ URI_SCHEME = "session"
 #: Ended sessions remembered, so that a call naming one says how it ended.
 _REMEMBERED = 10_000
 #: Characters of an unknown session id repeated in a message at most.
-_SHOWN_ID_CHARS = 64
+_SHOWN_ID_CHARS = 128
 
 Ending = Literal["unknown", "ended", "expired", "evicted"]
 
@@ -62,16 +68,23 @@ class SessionGone(Exception):
 
 @dataclass(eq=False)
 class CodeSession:
-    """One session: its id, its owner, and its working directory's files as last known."""
+    """One session: its id (the client's handle), its owner, its name in the evaluator, and its
+    working directory's files as last known."""
 
     id: str
     owner: str | None
+    name: str
     files: dict[str, bytes] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
     calls: int = 0
     #: Whether the evaluator holds a live interpreter for it (the built-in evaluator's
     #: sessions): its files are then in that sandbox already, and not sent again.
     live: bool = False
+    #: The address of the evaluator replica holding that interpreter (several replicas behind
+    #: one name), where its calls go; ``None``: anywhere (one service, or not live).
+    replica: str | None = None
+    #: Started by another gateway: this one knows only the files of the calls it served.
+    adopted: bool = False
     #: One call at a time: a second one waits, as a notebook runs one cell at a time.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -89,11 +102,13 @@ class CodeSessions:
         max_sessions: int,
         idle_timeout: float,
         registry: CollectorRegistry,
-        on_close: Callable[[str], None] | None = None,
+        on_close: Callable[[CodeSession], None] | None = None,
+        handles: SessionHandles | None = None,
     ) -> None:
         self.max_sessions = max_sessions
+        self.handles = handles or SessionHandles()
         self.idle_timeout = idle_timeout
-        #: Called with the id of each session that closes (its interpreter is to end too).
+        #: Called with each session that closes (its interpreter is to end too).
         self.on_close = on_close
         self._open: OrderedDict[str, CodeSession] = OrderedDict()  # least recently used first
         self._ended: OrderedDict[str, Ending] = OrderedDict()
@@ -113,29 +128,49 @@ class CodeSessions:
         for why in ("ended", "expired", "evicted"):
             self.ended.labels(why)
 
-    def create(self, owner: str | None) -> CodeSession:
-        """A new session of ``owner``; the longest idle ones close first if the cap is reached."""
-        self.expire()
-        while len(self._open) >= self.max_sessions:
-            oldest = next(iter(self._open))
-            self._close(oldest, "evicted")
-        session = CodeSession(secrets.token_urlsafe(16), owner)  # 128 random bits
-        self._open[session.id] = session
+    def create(self, owner: str | None, replica: str | None = None) -> CodeSession:
+        """A new session of ``owner``, to live on the evaluator replica ``replica`` (if there
+        are several); the longest idle ones close first if the cap is reached."""
+        handle = self.handles.issue(owner, replica)
+        session = self._add(CodeSession(handle.text, owner, handle.name, replica=replica))
         self.created.inc()
         return session
 
-    def get(self, session_id: str, owner: str | None) -> CodeSession:
-        """The open session ``session_id`` of ``owner``, now marked used.
+    def get(self, session_id: str, owner: str | None, *, adopt: bool = False) -> CodeSession:
+        """The open session ``session_id`` of ``owner``, now marked used. With ``adopt``, a
+        session this gateway never saw whose handle is valid for ``owner`` (another gateway
+        with the same secret started it) is taken on: live, on the replica it names.
 
         Raises:
             SessionGone: no such open session of this owner (another owner's is "unknown").
         """
         self.expire()
         session = self._open.get(session_id)
+        if session is None and adopt and session_id not in self._ended:
+            handle = self.handles.verify(session_id, owner)
+            if handle is not None:
+                return self._add(
+                    CodeSession(
+                        handle.text,
+                        owner,
+                        handle.name,
+                        live=True,
+                        replica=handle.replica,
+                        adopted=True,
+                    )
+                )
         if session is None or not secrets.compare_digest(session.owner or "", owner or ""):
             why = self._ended.get(session_id, "unknown") if session is None else "unknown"
             raise SessionGone(session_id, why, self.idle_timeout)
         self.touch(session)
+        return session
+
+    def _add(self, session: CodeSession) -> CodeSession:
+        self.expire()
+        while len(self._open) >= self.max_sessions:
+            oldest = next(iter(self._open))
+            self._close(oldest, "evicted")
+        self._open[session.id] = session
         return session
 
     def touch(self, session: CodeSession) -> None:
@@ -144,13 +179,13 @@ class CodeSessions:
         if session.id in self._open:
             self._open.move_to_end(session.id)
 
-    def end(self, session_id: str, owner: str | None) -> None:
-        """End a session on its client's request.
+    def end(self, session_id: str, owner: str | None, *, adopt: bool = False) -> None:
+        """End a session on its client's request (``adopt``: as for :meth:`get`).
 
         Raises:
             SessionGone: no such open session of this owner.
         """
-        self.get(session_id, owner)
+        self.get(session_id, owner, adopt=adopt)
         self._close(session_id, "ended")
 
     def is_open(self, session: CodeSession) -> bool:
@@ -166,7 +201,7 @@ class CodeSessions:
         if self.is_open(session):
             del self._open[session.id]
             if self.on_close is not None:
-                self.on_close(session.id)
+                self.on_close(session)
 
     def expire(self) -> None:
         """Close the sessions idle for longer than ``idle_timeout`` (unless a call is running)."""
@@ -181,7 +216,7 @@ class CodeSessions:
         session = self._open.pop(session_id)
         session.files.clear()
         if self.on_close is not None:
-            self.on_close(session_id)
+            self.on_close(session)
         self._ended[session_id] = why
         while len(self._ended) > _REMEMBERED:
             self._ended.popitem(last=False)

@@ -84,6 +84,9 @@ class Settings(ExplicitSettings):
     auth_token_file: TokenFile | None = None
     #: A secret: never shown, in its repr or in a message (evaluator.settings).
     auth_token: str | None = Field(default=None, repr=False)
+    #: Signs the session handles, so that every gateway replica given the same one can
+    #: continue the others' sessions (gateway.handles); unset: a random one per process.
+    session_secret: str | None = Field(default=None, repr=False, min_length=16)
     allow_unauthenticated: Annotated[bool, Flag("serve a non-loopback address without a token")] = (
         False
     )

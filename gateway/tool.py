@@ -17,6 +17,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -33,8 +34,10 @@ import plotting
 from snekbox_client import (
     ContentWanted,
     EvalResult,
+    EvaluatorRejected,
     EvaluatorUnavailable,
     File,
+    ServiceInfo,
     SnekboxClient,
     SnekboxError,
 )
@@ -42,6 +45,7 @@ from snekbox_client import (
 from .admission import Admission, Busy
 from .code_sessions import CodeSession, CodeSessions, SessionGone
 from .failures import GATEWAY_FAILED, ServiceFailure, explain, failure_kind
+from .handles import SessionHandles
 from .inprocess import InProcessClient
 from .metrics import Metrics
 from .render import SessionView, render_result
@@ -56,6 +60,9 @@ END_TOOL_NAME = "end_session"
 
 # The name operators filter the per-call log lines by (it was the single module's name).
 logger = logging.getLogger("python_mcp_server")
+
+#: Seconds between attempts to learn what a remote service offers, while it does not answer.
+_PROBE_INTERVAL = 5.0
 
 #: How much of a figure beyond the budget an evaluation returns: a PNG's signature and size.
 #: Every file's content comes back (within the budget): the session keeps what it wrote.
@@ -80,10 +87,18 @@ class Gateway:
             idle_timeout=settings.code_session_idle_timeout,
             registry=self.metrics.registry,
             on_close=self._end_live_session,
+            handles=SessionHandles(
+                settings.session_secret.encode() if settings.session_secret else None
+            ),
         )
         self._endings: set[asyncio.Task[None]] = set()
         self._client: SnekboxClient | InProcessClient | None = None
         self._builtin: evaluator.Evaluator | None = None
+        #: What the service offers beyond Snekbox's API; until a remote one answers, nothing.
+        self.service_info = ServiceInfo.none()
+        self._probing: asyncio.Task[None] | None = None
+        #: Called when the tool's description changes (a remote service answered its probe).
+        self.on_description_change: Callable[[], None] | None = None
         #: Set on shutdown: calls in flight finish, new ones are turned away.
         self.draining = False
         #: Tool calls between arrival and answer (admission counts only the evaluations).
@@ -94,6 +109,8 @@ class Gateway:
         settings = self.settings
         if settings.snekbox_url:
             self._client = SnekboxClient(settings.snekbox_url, timeout=settings.timeout)
+            if not await self._probe():
+                self._probing = asyncio.ensure_future(self._probe_until_answered())
         else:
             # The gateway ends its sessions' interpreters itself (idle, evicted, ended): the
             # evaluator's own idle limit must not come first and leave a session without one.
@@ -110,9 +127,42 @@ class Gateway:
             limit = settings.evaluator_config.session_limit
             self.sessions.max_sessions = max(1, min(self.sessions.max_sessions, limit))
             self._client = InProcessClient(self._builtin, timeout=settings.timeout)
+            self.service_info = await self._client.info()
         return self
 
+    async def _probe(self) -> bool:
+        """Learn what the remote service offers (live sessions: the built-in evaluator behind
+        ``SNEKBOX_URL``; Snekbox offers none); ``False`` if it did not answer."""
+        try:
+            async with asyncio.timeout(_PROBE_INTERVAL):
+                self.service_info = await self.client.info()
+        except (SnekboxError, TimeoutError) as exc:
+            logger.warning("the evaluation service did not say what it offers yet: %r", exc)
+            return False
+        logger.info(
+            "the evaluation service %s",
+            f"keeps live sessions (up to {self.service_info.max_sessions} per replica)"
+            if self.live_backend
+            else "runs every call in a fresh interpreter: sessions keep files only",
+        )
+        return True
+
+    async def _probe_until_answered(self) -> None:
+        while True:
+            await asyncio.sleep(_PROBE_INTERVAL)
+            if await self._probe():
+                break
+        if self.on_description_change is not None:
+            self.on_description_change()
+
+    @property
+    def live_backend(self) -> bool:
+        """Whether the service keeps a live interpreter per session."""
+        return self.service_info.max_sessions > 0
+
     async def __aexit__(self, *exc_info: object) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
         if self._endings:
             await asyncio.gather(*self._endings, return_exceptions=True)
         if self._client is not None:
@@ -189,7 +239,7 @@ class Gateway:
             f"A session ends after {settings.code_session_idle_timeout / 60:g} minutes without "
             "a call, or when end_session ends it."
         )
-        if self._builtin is not None and settings.evaluator_config.session_limit:
+        if self.live_backend:
             return (
                 "- Sessions are like a notebook: a call without session_id starts a new session, "
                 "and every result gives its session_id; pass it to later calls to run in the "
@@ -260,7 +310,7 @@ class Gateway:
                     max_files=self.settings.max_upload_files,
                     max_bytes=self.settings.max_upload_bytes,
                 )
-                session = self._session(session_id)
+                session = await self._session(session_id)
                 self._check_room(session, uploads)
             except (UploadRefused, SessionGone) as exc:
                 outcome = "refused"
@@ -325,23 +375,23 @@ class Gateway:
             ToolError: no such open session.
         """
         try:
-            self.sessions.end(session_id, _owner())
+            self.sessions.end(session_id, _owner(), adopt=self.live_backend)
         except SessionGone as exc:
             raise ToolError(str(exc)) from exc
         return f"The session {session_id!r} is ended; its files are gone."
 
-    def _end_live_session(self, session_id: str) -> None:
-        """A closed session's interpreter ends too (the built-in evaluator's), in the
-        background: whoever closed it does not wait."""
-        if self._builtin is None or self._client is None:
+    def _end_live_session(self, session: CodeSession) -> None:
+        """A closed session's interpreter ends too, in the background: whoever closed it does
+        not wait."""
+        if self._client is None or not (session.live or self._builtin is not None):
             return
-        task = asyncio.ensure_future(self._end_in_evaluator(session_id))
+        task = asyncio.ensure_future(self._end_in_evaluator(session.name, session.replica))
         self._endings.add(task)
         task.add_done_callback(self._endings.discard)
 
-    async def _end_in_evaluator(self, session_id: str) -> None:
+    async def _end_in_evaluator(self, name: str, replica: str | None) -> None:
         try:
-            await self.client.end_session(session_id)
+            await self.client.end_session(name, replica=replica)
         except SnekboxError as exc:  # it ends by itself once idle
             logger.warning("could not end the evaluator's session: %s", exc)
 
@@ -352,14 +402,29 @@ class Gateway:
             SessionGone: no such open session.
             KeyError: the session has no such file.
         """
-        session = self.sessions.get(session_id, _owner())
+        session = self.sessions.get(session_id, _owner(), adopt=self.live_backend)
         return session.files[path]
 
-    def _session(self, session_id: str | None) -> CodeSession:
+    async def _session(self, session_id: str | None) -> CodeSession:
+        """The call's session: the one it names, or a new one on the replica whose turn it is.
+
+        Raises:
+            SessionGone: the one it names is not open.
+            ServiceFailure: the service's name resolves to no replica.
+        """
         owner = _owner()
-        if session_id is None:
-            return self.sessions.create(owner)
-        return self.sessions.get(session_id, owner)
+        if session_id is not None:
+            return self.sessions.get(session_id, owner, adopt=self.live_backend)
+        return self.sessions.create(owner, await self._choose_replica())
+
+    async def _choose_replica(self) -> str | None:
+        """Where a new live interpreter is to start, among several replicas (else ``None``)."""
+        if not self.live_backend:
+            return None
+        try:
+            return await self.client.choose_replica()
+        except SnekboxError as exc:
+            raise ServiceFailure(failure_kind(exc), explain(exc)) from exc
 
     def _check_room(self, session: CodeSession, uploads: dict[str, bytes]) -> None:
         """Refuse files that would make the session hold more than it may.
@@ -457,16 +522,20 @@ class Gateway:
                 )
                 # A live interpreter's sandbox holds the session's files already.
                 carried = {**({} if session.live else session.files), **uploads}
+                live = self.live_backend
+                if live and session.replica is None:  # its replica went away
+                    session.replica = await self._choose_replica()
                 request = plotting.build_request(code)
                 request = replace(
                     request,
                     files=(*request.files, *(File(p, c) for p, c in carried.items())),
                     content_wanted=wanted,
-                    time_limit=time_limit if self._builtin is not None else None,
-                    session=session.id if self._builtin is not None else None,
+                    time_limit=time_limit if self._limits_time else None,
+                    session=session.name if live else None,
+                    session_resume=live and session.live,
                 )
-                if time_limit is None or self._builtin is not None:
-                    return await self.client.eval(request)
+                if time_limit is None or self._limits_time:
+                    return await self.client.eval(request, replica=session.replica)
                 # Snekbox applies its own limit: a shorter one is how long the gateway waits.
                 try:
                     with anyio.fail_after(time_limit):
@@ -484,6 +553,12 @@ class Gateway:
                 f"The gateway is busy ({exc}); the code did not run. Retry in a few seconds.",
             ) from exc
         except SnekboxError as exc:
+            lost = _interpreter_lost(exc, session) if session.live else None
+            if lost is not None:
+                session.live = False
+                if isinstance(exc, EvaluatorUnavailable):
+                    session.replica = None  # the next call starts one elsewhere
+                raise ServiceFailure("session_lost", lost) from exc
             kind = failure_kind(exc)
             self.metrics.evaluator_errors.labels(kind).inc()
             message = explain(exc, running=running, workers=self.settings.backend_workers)
@@ -499,6 +574,12 @@ class Gateway:
             await anyio.sleep(self.settings.progress_interval)
             elapsed = round(time.monotonic() - started, 1)
             await ctx.report_progress(elapsed, total, f"running for {elapsed:g} s")
+
+    @property
+    def _limits_time(self) -> bool:
+        """Whether the service honours a call's own time limit (the built-in evaluator, which
+        says its own limit in ``GET /info``; Snekbox applies its fixed one)."""
+        return self.service_info.time_limit is not None
 
     def limits_not_enforced(self) -> list[dict[str, str]]:
         """The built-in evaluator's limits this machine cannot enforce, and why (else none).
@@ -522,6 +603,34 @@ class Gateway:
         except SnekboxError as exc:
             return f"the evaluation service is unhealthy ({type(exc).__name__})"
         return None
+
+
+def _interpreter_lost(exc: SnekboxError, session: CodeSession) -> str | None:
+    """The tool error for a call that resumed a live interpreter now gone, or ``None`` if
+    ``exc`` is another failure: the evaluator no longer holds it (404), or the replica that
+    did cannot be reached."""
+    if isinstance(exc, EvaluatorRejected) and exc.status_code == 404:
+        why = (
+            "the evaluation service no longer holds it (it restarted, or ended the session "
+            "after its idle time or to make room for others)"
+        )
+    elif isinstance(exc, EvaluatorUnavailable) and session.replica is not None:
+        why = f"the evaluation service's replica that held it cannot be reached ({exc.reason})"
+    else:
+        return None
+    lost = (
+        f"The session's interpreter is gone: {why}. Its variables and imports are lost, and "
+        "this code did not run. "
+    )
+    if session.adopted and not session.files:
+        return lost + (
+            "The session goes on, but another gateway started it and this one holds none of "
+            "its files: call again with the same session_id to run in a new, empty interpreter."
+        )
+    return lost + (
+        "The session goes on with its files: call again with the same session_id to run in a "
+        "new interpreter that has them (define the variables again first)."
+    )
 
 
 def _owner() -> str | None:

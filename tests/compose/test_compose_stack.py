@@ -143,22 +143,27 @@ async def test_concurrent_calls_reach_every_replica() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_session_keeps_its_files_across_the_replicas() -> None:
-    """The session's files travel with each call, so any replica can run the next one."""
+async def test_a_session_keeps_its_interpreter_on_one_replica() -> None:
+    """New sessions spread over the replicas; each session's calls reach the replica whose
+    memory holds its interpreter, so its variables last."""
     with anyio.fail_after(240):
         async with connect(URL, "http") as client:
-            write = "import socket\nopen('state.txt', 'w').write('kept')\nsocket.gethostname()"
-            first = await client.call_tool("execute_python_code", {"code": write})
-            assert not first.is_error, first
-            session_id = first.structured_content["session_id"]
-            hostnames = {text_of(first).splitlines()[0]}
-            read = "import socket\nprint(open('state.txt').read())\nsocket.gethostname()"
-            for _ in range(max(REPLICAS, 2)):
-                arguments = {"code": read, "session_id": session_id}
-                result = await client.call_tool("execute_python_code", arguments)
-                assert not result.is_error, result
-                kept, hostname = text_of(result).splitlines()[:2]
-                assert kept == "kept"
-                hostnames.add(hostname)
-    print(f"one session over {len(hostnames)} replicas: {sorted(hostnames)}")
-    assert len(hostnames) == REPLICAS, "the calls did not reach every replica"
+            sessions: dict[str, str] = {}  # id: the replica's hostname
+            for _ in range(REPLICAS):
+                first = await client.call_tool(
+                    "execute_python_code", {"code": "import socket\nhome = socket.gethostname()"}
+                )
+                assert not first.is_error, first
+                sessions[first.structured_content["session_id"]] = ""
+            for session_id in sessions:
+                for _ in range(3):
+                    code = "print(home, home == socket.gethostname())"
+                    arguments = {"code": code, "session_id": session_id}
+                    result = await client.call_tool("execute_python_code", arguments)
+                    assert not result.is_error, result
+                    home, same = text_of(result).splitlines()[0].split()
+                    assert same == "True", "the call reached another replica"
+                    sessions[session_id] = home
+                await client.call_tool("end_session", {"session_id": session_id})
+    print(f"{len(sessions)} sessions on {sorted(set(sessions.values()))}")
+    assert len(set(sessions.values())) == REPLICAS, "new sessions did not spread"

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,12 +38,19 @@ def settings() -> Settings:
 
 
 @contextlib.contextmanager
-def evaluator_service(time_limit: float) -> Iterator[str]:
-    """``python -m evaluator`` as its own process: the gateway reaches it as it would Snekbox."""
-    port = closed_port()
+def evaluator_service(
+    time_limit: float, *, sessions: bool = False, port: int | None = None
+) -> Iterator[str]:
+    """``python -m evaluator`` as its own process, on ``port`` (a free one if not given).
+
+    Without ``sessions`` it is one-shot (``EVALUATOR_MAX_SESSIONS=0``): the gateway reaches it
+    as it would Snekbox, and sessions keep files only; with them, it keeps live interpreters.
+    """
+    port = port or closed_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "evaluator", "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen([*command, "--time-limit", str(time_limit)])
+    env = {**os.environ, "EVALUATOR_MAX_SESSIONS": "4" if sessions else "0"}
+    process = subprocess.Popen([*command, "--time-limit", str(time_limit)], env=env)
     try:
         assert wait_until_answers(f"{url}/eval", process, method="OPTIONS").status_code == 200
         yield url
@@ -53,10 +61,12 @@ def evaluator_service(time_limit: float) -> Iterator[str]:
 
 @contextlib.contextmanager
 def gateway(settings: Settings, where: str) -> Iterator[str]:
-    """The gateway under uvicorn; its evaluator in-process, or a service at ``SNEKBOX_URL``."""
+    """The gateway under uvicorn; its evaluator in-process, or a service at ``SNEKBOX_URL``:
+    one-shot, as Snekbox (``over-http``), or keeping live sessions (``live-over-http``)."""
     with contextlib.ExitStack() as stack:
-        if where == "over-http":
-            service = evaluator_service(settings.evaluator_config.time_limit)
+        if where in ("over-http", "live-over-http"):
+            time_limit = settings.evaluator_config.time_limit
+            service = evaluator_service(time_limit, sessions=where == "live-over-http")
             url = stack.enter_context(service)
             settings = settings.model_copy(update={"snekbox_url": url})
         yield stack.enter_context(serve(create_app(settings)))

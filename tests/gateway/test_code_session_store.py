@@ -6,6 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.code_sessions import CodeSessions, SessionGone
+from gateway.handles import SessionHandles
 
 
 def store(**changes: float) -> CodeSessions:
@@ -35,5 +36,31 @@ def test_a_session_is_found_only_by_its_owner() -> None:
 
 def test_ids_are_unguessable() -> None:
     sessions = store(max_sessions=1000)
-    ids = {sessions.create(None).id for _ in range(1000)}
-    assert len(ids) == 1000 and all(len(i) == 22 for i in ids)  # 128 bits, base64url
+    created = [sessions.create(None) for _ in range(1000)]
+    assert len({s.id for s in created}) == len({s.name for s in created}) == 1000
+    assert all(len(s.name) == 22 and s.id.startswith(s.name + ".") for s in created)  # 128 bits
+
+
+def test_another_gateway_with_the_secret_takes_a_session_on_for_its_owner_only() -> None:
+    handles = SessionHandles(b"the deployment's shared secret")
+    first, second = store(), store()
+    first.handles = second.handles = handles
+    started = first.create("token-a", "10.0.3.7")
+    with pytest.raises(SessionGone):
+        second.get(started.id, "token-a")  # not asked to adopt: a files-only backend
+    with pytest.raises(SessionGone):
+        second.get(started.id, "token-b", adopt=True)
+    adopted = second.get(started.id, "token-a", adopt=True)
+    assert (adopted.name, adopted.replica, adopted.live, adopted.adopted) == (
+        started.name,
+        "10.0.3.7",
+        True,
+        True,
+    )
+    assert second.get(started.id, "token-a", adopt=True) is adopted
+    second.end(started.id, "token-a")
+    with pytest.raises(SessionGone) as gone:  # ended here: not taken on again
+        second.get(started.id, "token-a", adopt=True)
+    assert gone.value.why == "ended"
+    with pytest.raises(SessionGone):
+        store().get(started.id, "token-a", adopt=True)  # another secret

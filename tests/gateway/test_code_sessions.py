@@ -16,7 +16,11 @@ import anyio
 import httpx
 import pytest
 from mcp import Client, MCPError
-from mcp.types import BlobResourceContents, CallToolResult, TextResourceContents
+from mcp.types import (
+    BlobResourceContents,
+    CallToolResult,
+    TextResourceContents,
+)
 
 from python_mcp_server import Settings
 from tests.gateway.conftest import gateway, with_time_limit

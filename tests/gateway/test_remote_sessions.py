@@ -1,0 +1,125 @@
+"""Live sessions behind ``SNEKBOX_URL``: the built-in evaluator as a service of its own.
+
+The gateway learns from the service's ``GET /info`` that it keeps live interpreters (Snekbox,
+and the evaluator started one-shot, do not: test_code_sessions.py), then runs a session's
+calls in one interpreter there. When the service no longer holds it (here: it restarted), the
+call says that the variables are lost and that it did not run, and the next call runs in a new
+interpreter that has the session's files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.types import CallToolResult
+
+from python_mcp_server import Settings, create_app
+from tests.gateway.conftest import evaluator_service, gateway, with_time_limit
+from tests.support import closed_port, connect, serve, text_of
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("transport", ["sse", "http"])]
+
+#: The evaluator's own time limit: a loaded machine starts a session slowly.
+TIME_LIMIT = 20.0
+
+
+@pytest.fixture(scope="module")
+def remote_gateway(settings: Settings) -> Iterator[str]:
+    with gateway(with_time_limit(settings, TIME_LIMIT), "live-over-http") as url:
+        yield url
+
+
+async def run(client: Client, code: str, **arguments: Any) -> CallToolResult:
+    with anyio.fail_after(90):
+        return await client.call_tool("execute_python_code", {"code": code, **arguments})
+
+
+def facts(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, text_of(result)
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+async def test_variables_last_and_an_interrupt_keeps_them(
+    remote_gateway: str, transport: str
+) -> None:
+    async with connect(remote_gateway, transport) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        description = tools["execute_python_code"].description or ""
+        assert "run in the same interpreter" in description
+        assert "do NOT carry over" not in description
+        session_id = facts(await run(client, "import os\nx = 41\npid = os.getpid()"))["session_id"]
+        same = await run(client, "print(x + 1, os.getpid() == pid)", session_id=session_id)
+        assert text_of(same).startswith("42 True\n")
+        # The call's own time limit reaches the service, which interrupts the cell.
+        slow = "import time\ntime.sleep(60)"
+        interrupted = await run(client, slow, session_id=session_id, timeout_seconds=1)
+        assert "interrupted after" in text_of(interrupted)
+        assert "variables are kept" in text_of(interrupted)
+        after = await run(client, "print(x)", session_id=session_id)
+        assert text_of(after).startswith("41\n")
+        await client.call_tool("end_session", {"session_id": session_id})
+
+
+@contextlib.contextmanager
+def gateway_at(settings: Settings, url: str) -> Iterator[str]:
+    remote = with_time_limit(settings, TIME_LIMIT).model_copy(update={"snekbox_url": url})
+    with serve(create_app(remote)) as gateway_url:
+        yield gateway_url
+
+
+async def test_a_service_restart_loses_the_interpreter_not_the_files(
+    settings: Settings, transport: str
+) -> None:
+    port = closed_port()
+    async with contextlib.AsyncExitStack() as stack:
+        with evaluator_service(TIME_LIMIT, sessions=True, port=port) as url:
+            gateway_url = stack.enter_context(gateway_at(settings, url))
+            client = await stack.enter_async_context(connect(gateway_url, transport))
+            first = await run(client, "x = 1\nopen('notes.txt', 'w').write('kept')")
+            session_id = facts(first)["session_id"]
+        # The service is gone and back: it holds no session.
+        with evaluator_service(TIME_LIMIT, sessions=True, port=port):
+            lost = await run(client, "open('ran.txt', 'w')", session_id=session_id)
+            assert lost.is_error
+            assert "The session's interpreter is gone" in text_of(lost)
+            assert "variables and imports are lost" in text_of(lost)
+            assert "this code did not run" in text_of(lost)
+            again = await run(
+                client, "print(open('notes.txt').read(), 'x' in globals())", session_id=session_id
+            )
+            assert text_of(again).startswith("kept False\n")
+            assert facts(again)["session_id"] == session_id
+            listed = await run(
+                client, "import os\nprint(sorted(os.listdir()))", session_id=session_id
+            )
+            assert "ran.txt" not in text_of(listed)
+
+
+async def test_gateway_replicas_with_one_secret_serve_each_others_sessions(
+    settings: Settings, transport: str
+) -> None:
+    shared = settings.model_copy(update={"session_secret": "one secret for every replica"})
+    async with contextlib.AsyncExitStack() as stack:
+        url = stack.enter_context(evaluator_service(TIME_LIMIT, sessions=True))
+        first, second = (stack.enter_context(gateway_at(shared, url)) for _ in range(2))
+        stranger = stack.enter_context(gateway_at(settings, url))  # its own secret
+        a = await stack.enter_async_context(connect(first, transport))
+        b = await stack.enter_async_context(connect(second, transport))
+        c = await stack.enter_async_context(connect(stranger, transport))
+        session_id = facts(await run(a, "x = 'set through the first gateway'"))["session_id"]
+        continued = await run(b, "print(x)", session_id=session_id)
+        assert text_of(continued).startswith("set through the first gateway\n")
+        refused = await run(c, "print(x)", session_id=session_id)
+        assert refused.is_error and "does not exist" in text_of(refused)
+        ended = await b.call_tool("end_session", {"session_id": session_id})
+        assert not ended.is_error
+        with anyio.fail_after(30):  # the second gateway ends the interpreter in the background
+            while not (lost := await run(a, "print(x)", session_id=session_id)).is_error:  # noqa: ASYNC110
+                await anyio.sleep(0.2)
+        assert "The session's interpreter is gone" in text_of(lost)
