@@ -3,8 +3,8 @@
 A serialized result stays within ``max_result_bytes`` (MCP clients accept 1 MiB for one
 message), less :data:`ENVELOPE_BYTES`. :func:`choose_images` picks the figures that fit beside a
 bare result; should the whole still be too big, :meth:`Cut.smaller` says what gives way next:
-the output down to :data:`OUTPUT_FLOOR` characters, then figures from the last, then the output
-and the lists of names further.
+the small text files shown inline, the output down to :data:`OUTPUT_FLOOR` characters, then
+figures from the last, then the output and the lists of names further.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from .png import find_defect
 
 __all__ = [
     "ENVELOPE_BYTES",
+    "INLINE_FILE_BYTES",
+    "INLINE_TOTAL_BYTES",
     "LISTING_CHARS",
     "OUTPUT_FLOOR",
     "OVER_BUDGET",
@@ -36,22 +38,29 @@ OUTPUT_FLOOR = 2000
 LISTING_CHARS = 6000
 #: Why a figure that fits every other rule is not in the result.
 OVER_BUDGET = "over the result's budget for images"
+#: The largest written text file shown inline (an embedded resource), and all of them together.
+INLINE_FILE_BYTES = 4096
+INLINE_TOTAL_BYTES = 16384
 #: Characters of an image block beyond its base64 data (its keys and MIME type).
 _IMAGE_BLOCK_KEYS = 80
 
 
 @dataclass(frozen=True)
 class Cut:
-    """How much of a result is kept: characters of output and of each list of names, and
-    which figures are returned (``reasons``: ``None`` returned, else why not)."""
+    """How much of a result is kept: characters of output and of each list of names, which
+    figures are returned (``reasons``: ``None`` returned, else why not), and bytes of written
+    text files shown inline."""
 
     output_chars: int
     listing_chars: int
     reasons: Mapping[str, str | None]
+    inline_bytes: int = INLINE_TOTAL_BYTES
 
     def smaller(self, floor: int) -> Cut | None:
         """The next cut when this one is too big, or ``None``: nothing more can give way."""
         returned = [path for path, reason in self.reasons.items() if reason is None]
+        if self.inline_bytes:  # a copy of what resources/read gives: the first to go
+            return replace(self, inline_bytes=0)
         if self.output_chars > floor:
             return replace(self, output_chars=max(floor, self.output_chars // 2))
         if returned:

@@ -2,9 +2,10 @@
 
 The text is the output (cleaned, possibly cut in the middle), a closing line that the output
 does not contain, then the gateway's own lines: the exit status in words, figures not returned
-and why, files written and files not returned, names quoted. The structured content holds the
-same facts under the published schema (:mod:`gateway.schema`). The serialized whole stays within
-the budget (:mod:`gateway.budget`).
+and why, files written and files not returned, names quoted. Small text files the session kept
+follow the images as embedded resources, as ``resources/read`` would give them. The structured
+content holds the same facts under the published schema (:mod:`gateway.schema`). The serialized
+whole stays within the budget (:mod:`gateway.budget`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,20 @@ import mimetypes
 from base64 import b64encode
 from dataclasses import dataclass
 
-from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
+from mcp.types import (
+    CallToolResult,
+    ContentBlock,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+    TextResourceContents,
+)
 
 from snekbox_client import EvalResult
 
 from .budget import (
     ENVELOPE_BYTES,
+    INLINE_FILE_BYTES,
     LISTING_CHARS,
     OUTPUT_FLOOR,
     OVER_BUDGET,
@@ -173,6 +182,17 @@ def compose(
     listed = fitting([f'"{f.path}" ({f.size:,} bytes)' for f in files], chars)
     if files:
         lines.append(f"[files written: {listing(listed, chars, total=len(files))}]")
+    inline = _inline_files(facts, files, cut.inline_bytes)
+    if inline:
+        shown_inline = fitting([f'"{f.path}"' for f in inline], chars)
+        lines.append(f"[shown below as resources: {listing(shown_inline, chars)}]")
+        blocks += [
+            EmbeddedResource(
+                type="resource",
+                resource=TextResourceContents(uri=f.uri, mime_type=f.mime_type, text=f.text),
+            )
+            for f in inline
+        ]
     dropped = [f'"{f.path}"' for f in files if session and f.uri is None]
     if session is not None and dropped:
         lines.append(
@@ -221,3 +241,35 @@ def compose(
         content=[TextContent(type="text", text="\n".join(lines)), *blocks],
         structured_content=structured.model_dump(mode="json"),
     )
+
+
+@dataclass(frozen=True)
+class _Inline:
+    path: str  # quoted, as listed
+    uri: str
+    mime_type: str
+    text: str
+
+
+def _inline_files(facts: Facts, files: list[WrittenFile], room: int) -> list[_Inline]:
+    """The written files shown inline: kept by the session (so they have a ``uri``), whole, at
+    most :data:`INLINE_FILE_BYTES` each and ``room`` in all, and plain text: UTF-8 with no
+    control character but tab and line ends (a file is shown as it is, or not at all)."""
+    chosen = []
+    for file, info in zip(facts.files, files, strict=True):
+        if info.uri is None or not file.complete or file.size > min(INLINE_FILE_BYTES, room):
+            continue
+        try:
+            text = file.content.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if not text or any(_is_control(c) for c in text):
+            continue
+        chosen.append(_Inline(info.path, info.uri, info.mime_type, text))
+        room -= file.size
+    return chosen
+
+
+def _is_control(char: str) -> bool:
+    code = ord(char)
+    return (code < 32 and char not in "\t\n\r") or 0x7F <= code < 0xA0

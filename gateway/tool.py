@@ -43,6 +43,7 @@ from snekbox_client import (
 )
 
 from .admission import Admission, Busy
+from .budget import INLINE_FILE_BYTES
 from .code_sessions import CodeSession, CodeSessions, SessionGone
 from .failures import GATEWAY_FAILED, ServiceFailure, explain, failure_kind
 from .handles import SessionHandles
@@ -228,7 +229,8 @@ class Gateway:
             f"{self.settings.max_image_side:,} pixels a side are returned.\n"
             "- Files the code writes in its working directory are listed with their sizes, "
             "their names in double quotes with JSON-style escapes; each can be read with "
-            "resources/read at its files[].uri while the session lives.\n"
+            "resources/read at its files[].uri while the session lives, and small text files "
+            f"(up to {INLINE_FILE_BYTES:,} bytes) also come inline, as embedded resources.\n"
             f"- {limits} Output longer than {self.settings.max_output_chars:,} characters is cut "
             "in the middle, keeping its start and end."
         )

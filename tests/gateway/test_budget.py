@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from gateway.budget import OVER_BUDGET, Cut, choose_images
+from gateway.budget import INLINE_TOTAL_BYTES, OVER_BUDGET, Cut, choose_images
 from gateway.facts import Figure
 from python_mcp_server import Settings, render_result
 from snekbox_client import EvalResult, File
@@ -40,6 +40,9 @@ def figures(*contents: bytes) -> list[Figure]:
 
 def test_what_gives_way_and_in_which_order() -> None:
     cut: Cut | None = Cut(10_000, 6000, {"figure_001.png": None, "figure_002.png": None})
+    assert cut is not None and cut.inline_bytes == INLINE_TOTAL_BYTES
+    cut = cut.smaller(floor=2000)  # first the files shown inline, copies of resources
+    assert cut is not None and (cut.inline_bytes, cut.output_chars) == (0, 10_000)
     steps = []
     while cut is not None:
         returned = sorted(path for path, reason in cut.reasons.items() if reason is None)

@@ -19,6 +19,7 @@ from mcp import Client, MCPError
 from mcp.types import (
     BlobResourceContents,
     CallToolResult,
+    EmbeddedResource,
     TextResourceContents,
 )
 
@@ -114,6 +115,33 @@ async def test_written_files_are_resources_while_the_session_lives(
         assert not ended.is_error and "ended" in text_of(ended)
         with pytest.raises(MCPError, match="was ended on purpose"):
             await client.read_resource(written["notes.txt"]["uri"])
+
+
+async def test_small_text_files_written_come_inline_as_resources(
+    gateway_url: str, transport: str
+) -> None:
+    """Only small, whole, plain-text files the session kept: each embedded resource is what
+    resources/read gives for its uri."""
+    code = (
+        "open('small.csv', 'w').write('city,temp\\nOslo,3\\n')\n"
+        "open('big.txt', 'w').write('x' * 5000)\n"
+        "open('blob.dat', 'wb').write(bytes(range(256)))\n"
+        "open('control.txt', 'w').write('\\x1b[31mred')\n"
+        "open('empty.txt', 'w')"
+    )
+    async with connect(gateway_url, transport) as client:
+        result = await run(client, code)
+        uris = {f["path"]: f["uri"] for f in facts(result)["files"]}
+        assert set(uris) == {"small.csv", "big.txt", "blob.dat", "control.txt", "empty.txt"}
+        embedded = [block for block in result.content if isinstance(block, EmbeddedResource)]
+        assert [block.resource.uri for block in embedded] == [uris["small.csv"]]
+        (inline,) = embedded
+        assert isinstance(inline.resource, TextResourceContents)
+        assert inline.resource.text == "city,temp\nOslo,3\n"
+        assert inline.resource.mime_type == "text/csv"
+        assert '[shown below as resources: "small.csv"]' in text_of(result)
+        (read,) = (await client.read_resource(uris["small.csv"])).contents
+        assert isinstance(read, TextResourceContents) and read.text == inline.resource.text
 
 
 @pytest.mark.parametrize(
