@@ -128,11 +128,10 @@ class CodeSessions:
         for why in ("ended", "expired", "evicted"):
             self.ended.labels(why)
 
-    def create(self, owner: str | None, replica: str | None = None) -> CodeSession:
-        """A new session of ``owner``, to live on the evaluator replica ``replica`` (if there
-        are several); the longest idle ones close first if the cap is reached."""
-        handle = self.handles.issue(owner, replica)
-        session = self._add(CodeSession(handle.text, owner, handle.name, replica=replica))
+    def create(self, owner: str | None) -> CodeSession:
+        """A new session of ``owner``; the longest idle ones close first if the cap is reached."""
+        handle = self.handles.issue(owner, None)
+        session = self._add(CodeSession(handle.text, owner, handle.name))
         self.created.inc()
         return session
 
@@ -164,6 +163,17 @@ class CodeSessions:
             raise SessionGone(session_id, why, self.idle_timeout)
         self.touch(session)
         return session
+
+    def place(self, session: CodeSession, replica: str) -> None:
+        """Say where ``session``'s interpreter lives, before its first result names it: its id
+        becomes a handle naming ``replica`` (chosen when its first call was sent)."""
+        if session.calls:
+            raise ValueError("only a session whose id nobody was told can be placed")
+        session.replica = replica
+        if self.is_open(session):  # else closed meanwhile (evicted): its call finds that out
+            del self._open[session.id]
+            session.id = self.handles.issue(session.owner, replica, session.name).text
+            self._open[session.id] = session
 
     def _add(self, session: CodeSession) -> CodeSession:
         self.expire()

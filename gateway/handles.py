@@ -45,9 +45,10 @@ class SessionHandles:
             else secrets.token_bytes(32)
         )
 
-    def issue(self, owner: str | None, replica: str | None) -> Handle:
-        """A new session's handle, for ``owner`` (``None``: no authentication)."""
-        name = secrets.token_urlsafe(16)  # 128 random bits
+    def issue(self, owner: str | None, replica: str | None, name: str | None = None) -> Handle:
+        """A handle for ``owner`` (``None``: no authentication) of the session ``name`` (a new
+        one: 128 random bits) on ``replica``."""
+        name = name or secrets.token_urlsafe(16)
         sealed = _b64(self._seal(name, ipaddress.ip_address(replica).packed)) if replica else ""
         return Handle(f"{name}.{sealed}.{self._tag(name, sealed, owner)}", name, replica)
 

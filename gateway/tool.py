@@ -312,7 +312,7 @@ class Gateway:
                     max_files=self.settings.max_upload_files,
                     max_bytes=self.settings.max_upload_bytes,
                 )
-                session = await self._session(session_id)
+                session = self._session(session_id)
                 self._check_room(session, uploads)
             except (UploadRefused, SessionGone) as exc:
                 outcome = "refused"
@@ -334,6 +334,7 @@ class Gateway:
                     raise
                 view = self._keep_files(session, uploads, result)
                 self.sessions.touch(session)
+                log["session_id"] = session.id
             view.time_limit_lowered = lowered
             rendered = render_result(
                 result, duration=time.monotonic() - started, settings=self.settings, session=view
@@ -407,17 +408,16 @@ class Gateway:
         session = self.sessions.get(session_id, _owner(), adopt=self.live_backend)
         return session.files[path]
 
-    async def _session(self, session_id: str | None) -> CodeSession:
-        """The call's session: the one it names, or a new one on the replica whose turn it is.
+    def _session(self, session_id: str | None) -> CodeSession:
+        """The call's session: the one it names, or a new one.
 
         Raises:
             SessionGone: the one it names is not open.
-            ServiceFailure: the service's name resolves to no replica.
         """
         owner = _owner()
         if session_id is not None:
             return self.sessions.get(session_id, owner, adopt=self.live_backend)
-        return self.sessions.create(owner, await self._choose_replica())
+        return self.sessions.create(owner)
 
     async def _choose_replica(self) -> str | None:
         """Where a new live interpreter is to start, among several replicas (else ``None``)."""
@@ -525,8 +525,13 @@ class Gateway:
                 # A live interpreter's sandbox holds the session's files already.
                 carried = {**({} if session.live else session.files), **uploads}
                 live = self.live_backend
-                if live and session.replica is None:  # its replica went away
-                    session.replica = await self._choose_replica()
+                if live and session.replica is None:
+                    # Chosen now that the call is admitted, when the replicas' calls in flight
+                    # are those being run (a new session's, or after its replica went away).
+                    replica = await self._choose_replica()
+                    if replica is not None and not session.calls:
+                        self.sessions.place(session, replica)  # its handle names the replica
+                    session.replica = replica
                 request = plotting.build_request(code)
                 request = replace(
                     request,

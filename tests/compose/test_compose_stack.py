@@ -84,15 +84,26 @@ async def test_matplotlib_figure_comes_back_as_an_image(transport: str) -> None:
 
 
 @pytest.mark.anyio
-async def test_time_limit_kills_the_run() -> None:
-    started = anyio.current_time()
-    result = await call("http", "print('spinning', flush=True)\nwhile True:\n    pass\n")
-    elapsed = anyio.current_time() - started
-    assert not result.is_error, "a time-limit kill is a result, not a tool error"
-    assert result.structured_content["returncode"] == 137
-    assert result.structured_content["status"] == "killed"
-    assert text_of(result).startswith("spinning\n")
-    assert TIME_LIMIT - 0.5 <= elapsed <= TIME_LIMIT + 20
+async def test_the_time_limit_interrupts_then_kills() -> None:
+    """A live session's cell is interrupted at the time limit (the session goes on); code that
+    will not stop is killed after the grace."""
+    for code, status, returncode in [
+        ("print('spinning', flush=True)\nwhile True:\n    pass\n", "interrupted", 130),
+        (
+            "print('spinning', flush=True)\nwhile True:\n    try:\n        while True:\n"
+            "            pass\n    except KeyboardInterrupt:\n        pass\n",
+            "killed",
+            137,
+        ),
+    ]:
+        started = anyio.current_time()
+        result = await call("http", code)
+        elapsed = anyio.current_time() - started
+        assert not result.is_error, "a time-limit stop is a result, not a tool error"
+        assert result.structured_content["status"] == status, text_of(result)
+        assert result.structured_content["returncode"] == returncode
+        assert text_of(result).startswith("spinning\n")
+        assert TIME_LIMIT - 0.5 <= elapsed <= TIME_LIMIT + 20
 
 
 @pytest.mark.anyio

@@ -45,7 +45,11 @@ def test_another_gateway_with_the_secret_takes_a_session_on_for_its_owner_only()
     handles = SessionHandles(b"the deployment's shared secret")
     first, second = store(), store()
     first.handles = second.handles = handles
-    started = first.create("token-a", "10.0.3.7")
+    started = first.create("token-a")
+    name = started.name
+    first.place(started, "10.0.3.7")  # its first call went there: its id says so
+    assert started.name == name and started.replica == "10.0.3.7"
+    assert first.get(started.id, "token-a") is started
     with pytest.raises(SessionGone):
         second.get(started.id, "token-a")  # not asked to adopt: a files-only backend
     with pytest.raises(SessionGone):
