@@ -7,11 +7,13 @@ gateway sends (prelude included), so the difference is the gateway alone: MCP fr
 the tool layer, and one more HTTP hop; and the MCP client's own work (its share is not small:
 it validates every result against the tool's output schema). Target: at most 3 ms at p50.
 
+A call without ``session_id`` starts a live session (the built-in evaluator keeps one, in the
+gateway's process or behind ``SNEKBOX_URL``), so each direct call names a new session too.
 ``--in-process``: the embedded default instead, the gateway with its own evaluator (no
 ``SNEKBOX_URL``), against the direct ``/eval`` of an evaluator service configured the same.
-``--session``: every call a cell of one live session (the built-in evaluator's), the direct
-call naming its own (``"session"``), each gateway's passing the ``session_id`` it was given:
-a cell costs milliseconds, where a call that starts a session costs an interpreter's start.
+``--session``: every call a cell of one live session, the direct call naming its own
+(``"session"``), each gateway's passing the ``session_id`` it was given: a cell costs
+milliseconds, where a call that starts a session costs an interpreter's start.
 ``--before DIR`` adds, side by side, the gateway of another checkout started the same way
 (``git worktree add /tmp/bench-before <commit>``).
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -45,13 +48,13 @@ async def measure(
 ) -> dict[str, list[float]]:
     """``gateways``: a name for each gateway's URL; each is called over both transports."""
     request = plotting.build_request("print(1)")
-    if session:
-        request = replace(request, session="bench-direct")
+    new_sessions = itertools.count()
     async with AsyncExitStack() as stack:
         direct = await stack.enter_async_context(SnekboxClient(evaluator_url))
 
         async def via_direct() -> None:
-            result = await direct.eval(request)
+            name = "bench-direct" if session else f"bench-new-{next(new_sessions)}"
+            result = await direct.eval(replace(request, session=name))
             assert result.stdout == "1\n", result
 
         def via(client: Client) -> Callable[[], Awaitable[None]]:
@@ -93,8 +96,6 @@ def main() -> None:
     parser.add_argument("--session", action="store_true", help="cells of one session each")
     parser.add_argument("--before", help="a checkout of the 'before' commit, for its gateway")
     args = parser.parse_args()
-    if args.session and not args.in_process:
-        parser.error("--session needs --in-process: over SNEKBOX_URL the gateway keeps files only")
     before = before_checkout(args.before)
 
     eval_port = free_port()

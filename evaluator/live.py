@@ -31,6 +31,7 @@ from snekbox_client import EndedBy, EvalRequest, EvalResult
 from ._agent import WARM
 from .cgroups import RunCgroup
 from .config import EvaluatorConfig
+from .errors import SessionNotFound
 from .jail import INVALID_UTF8, Outcome, decode_output
 from .pool import Sandbox, SandboxPool
 from .workdir import CollectError, WriteError
@@ -87,10 +88,15 @@ class LiveSessions:
         """Sessions open now."""
         return len(self._open)
 
-    def holds(self, session_id: str) -> bool:
-        """Whether the session ``session_id`` is live (or starting) here."""
+    def touch(self, session_id: str) -> bool:
+        """Whether the session ``session_id`` is live (or starting) here; if live, it is marked
+        used now: a run for it is on its way, and the longest idle sessions make room first."""
         self.expire()
-        return session_id in self._open or session_id in self._starting
+        session = self._open.get(session_id)
+        if session is not None:
+            session.last_used = time.monotonic()
+            self._open.move_to_end(session_id)
+        return session is not None or session_id in self._starting
 
     async def run(
         self, session_id: str, args: list[str], request: EvalRequest, time_limit: float
@@ -98,11 +104,19 @@ class LiveSessions:
         """Run ``args`` (the interpreter's arguments) as a cell of the session ``session_id``.
 
         Raises:
+            SessionNotFound: the request resumes a session not live here (any more: it may
+                have ended while the run waited for a slot or for the cell before).
             RuntimeError: the session's interpreter could not start.
         """
         self.expire()
-        session = self._open.get(session_id) or await self._start(session_id)
+        session = self._open.get(session_id)
+        if session is None:
+            if request.session_resume and session_id not in self._starting:
+                raise SessionNotFound(session_id)
+            session = await self._start(session_id)
         async with session.lock:
+            if session.retired and request.session_resume:
+                raise SessionNotFound(session_id)
             if session.retired:  # ended while this run waited for the one before
                 message = "the session was ended while this run waited for the one before"
                 return EvalResult(message, None, session_ended=True)

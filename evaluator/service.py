@@ -261,7 +261,7 @@ class Evaluator:
                 "other option",
                 None,
             )
-        if request.session_resume and not live.holds(session):
+        if request.session_resume and not live.touch(session):  # checked again once it runs
             raise SessionNotFound(session)
         time_limit = min(request.time_limit or self.config.time_limit, self.config.time_limit)
         async with self._slot():

@@ -102,13 +102,14 @@ class CodeSessions:
         max_sessions: int,
         idle_timeout: float,
         registry: CollectorRegistry,
-        on_close: Callable[[CodeSession], None] | None = None,
+        on_close: Callable[[CodeSession, Ending | None], None] | None = None,
         handles: SessionHandles | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.handles = handles or SessionHandles()
         self.idle_timeout = idle_timeout
-        #: Called with each session that closes (its interpreter is to end too).
+        #: Called with each session that closes and why (``None``: its first call failed):
+        #: its interpreter is to end too.
         self.on_close = on_close
         self._open: OrderedDict[str, CodeSession] = OrderedDict()  # least recently used first
         self._ended: OrderedDict[str, Ending] = OrderedDict()
@@ -165,10 +166,8 @@ class CodeSessions:
         return session
 
     def place(self, session: CodeSession, replica: str) -> None:
-        """Say where ``session``'s interpreter lives, before its first result names it: its id
-        becomes a handle naming ``replica`` (chosen when its first call was sent)."""
-        if session.calls:
-            raise ValueError("only a session whose id nobody was told can be placed")
+        """Say where the interpreter of ``session``, whose id nobody was told yet, lives: its
+        id becomes a handle naming ``replica`` (chosen when its first call was sent)."""
         session.replica = replica
         if self.is_open(session):  # else closed meanwhile (evicted): its call finds that out
             del self._open[session.id]
@@ -190,12 +189,19 @@ class CodeSessions:
             self._open.move_to_end(session.id)
 
     def end(self, session_id: str, owner: str | None, *, adopt: bool = False) -> None:
-        """End a session on its client's request (``adopt``: as for :meth:`get`).
+        """End a session on its client's request. With ``adopt``, one that another gateway
+        started (its handle valid for ``owner``) is ended too, without being taken on.
 
         Raises:
             SessionGone: no such open session of this owner.
         """
-        self.get(session_id, owner, adopt=adopt)
+        if session_id not in self._open and adopt and session_id not in self._ended:
+            handle = self.handles.verify(session_id, owner)
+            if handle is not None:
+                unseen = CodeSession(handle.text, owner, handle.name, live=True)
+                unseen.replica = handle.replica
+                self._open[session_id] = unseen  # closed at once: nothing else is evicted
+        self.get(session_id, owner)
         self._close(session_id, "ended")
 
     def is_open(self, session: CodeSession) -> bool:
@@ -211,7 +217,7 @@ class CodeSessions:
         if self.is_open(session):
             del self._open[session.id]
             if self.on_close is not None:
-                self.on_close(session)
+                self.on_close(session, None)
 
     def expire(self) -> None:
         """Close the sessions idle for longer than ``idle_timeout`` (unless a call is running)."""
@@ -226,7 +232,7 @@ class CodeSessions:
         session = self._open.pop(session_id)
         session.files.clear()
         if self.on_close is not None:
-            self.on_close(session)
+            self.on_close(session, why)
         self._ended[session_id] = why
         while len(self._ended) > _REMEMBERED:
             self._ended.popitem(last=False)

@@ -55,7 +55,7 @@ class SessionHandles:
     def verify(self, text: str, owner: str | None) -> Handle | None:
         """The handle ``text`` if this secret issued it to ``owner``, else ``None``."""
         parts = text.split(".")
-        if len(parts) != 3 or len(text) > 128:
+        if len(parts) != 3 or len(text) > 128 or not text.isascii():  # every handle is
             return None
         name, sealed, tag = parts
         # As bytes: compare_digest refuses str with non-ASCII characters, which a client may send.

@@ -79,7 +79,8 @@ def render_result(
     limit = settings.max_result_bytes - ENVELOPE_BYTES
     floor = min(settings.max_output_chars, OUTPUT_FLOOR)
     unchosen = {f.file.path: f.problem or OVER_BUDGET for f in facts.figures}
-    bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen), session)
+    # Figures are chosen before the inline files, which are the first to give way.
+    bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen, 0), session)
     reasons = choose_images(
         facts.figures,
         max_images=settings.max_images,

@@ -37,6 +37,8 @@ from snekbox_client import (
     EvaluatorRejected,
     EvaluatorUnavailable,
     File,
+    InvalidResponse,
+    ReplicaGone,
     ServiceInfo,
     SnekboxClient,
     SnekboxError,
@@ -137,6 +139,9 @@ class Gateway:
         try:
             async with asyncio.timeout(_PROBE_INTERVAL):
                 self.service_info = await self.client.info()
+        except InvalidResponse as exc:  # it answers, with nonsense: it offers nothing more
+            logger.warning("the evaluation service's GET /info is not understood: %s", exc)
+            self.service_info = ServiceInfo.none()
         except (SnekboxError, TimeoutError) as exc:
             logger.warning("the evaluation service did not say what it offers yet: %r", exc)
             return False
@@ -237,9 +242,12 @@ class Gateway:
 
     def _sessions_description(self) -> str:
         settings = self.settings
+        idle = settings.code_session_idle_timeout
+        if self.live_backend and self.service_info.session_idle_timeout is not None:
+            idle = min(idle, self.service_info.session_idle_timeout)  # the interpreter's end
         ending = (
-            f"A session ends after {settings.code_session_idle_timeout / 60:g} minutes without "
-            "a call, or when end_session ends it."
+            f"A session ends after {idle / 60:g} minutes without a call, or when end_session "
+            "ends it."
         )
         if self.live_backend:
             return (
@@ -335,6 +343,8 @@ class Gateway:
                 view = self._keep_files(session, uploads, result)
                 self.sessions.touch(session)
                 log["session_id"] = session.id
+                if not self.sessions.is_open(session):  # evicted while it ran: end its new
+                    self._end_live_session(session, None)  # interpreter, which nothing holds
             view.time_limit_lowered = lowered
             rendered = render_result(
                 result, duration=time.monotonic() - started, settings=self.settings, session=view
@@ -383,10 +393,13 @@ class Gateway:
             raise ToolError(str(exc)) from exc
         return f"The session {session_id!r} is ended; its files are gone."
 
-    def _end_live_session(self, session: CodeSession) -> None:
+    def _end_live_session(self, session: CodeSession, why: str | None) -> None:
         """A closed session's interpreter ends too, in the background: whoever closed it does
-        not wait."""
+        not wait. Gateways sharing a secret leave idle and evicted ones to the evaluator's own
+        idle timeout and cap: another gateway may be serving the session."""
         if self._client is None or not (session.live or self._builtin is not None):
+            return
+        if self.settings.session_secret and why in ("expired", "evicted"):
             return
         task = asyncio.ensure_future(self._end_in_evaluator(session.name, session.replica))
         self._endings.add(task)
@@ -405,7 +418,7 @@ class Gateway:
             SessionGone: no such open session.
             KeyError: the session has no such file.
         """
-        session = self.sessions.get(session_id, _owner(), adopt=self.live_backend)
+        session = self.sessions.get(session_id, _owner())
         return session.files[path]
 
     def _session(self, session_id: str | None) -> CodeSession:
@@ -529,7 +542,7 @@ class Gateway:
                     # Chosen now that the call is admitted, when the replicas' calls in flight
                     # are those being run (a new session's, or after its replica went away).
                     replica = await self._choose_replica()
-                    if replica is not None and not session.calls:
+                    if replica is not None and not (session.calls or session.adopted):
                         self.sessions.place(session, replica)  # its handle names the replica
                     session.replica = replica
                 request = plotting.build_request(code)
@@ -563,7 +576,7 @@ class Gateway:
             lost = _interpreter_lost(exc, session) if session.live else None
             if lost is not None:
                 session.live = False
-                if isinstance(exc, EvaluatorUnavailable):
+                if isinstance(exc, ReplicaGone):
                     session.replica = None  # the next call starts one elsewhere
                 raise ServiceFailure("session_lost", lost) from exc
             kind = failure_kind(exc)
@@ -621,9 +634,9 @@ def _interpreter_lost(exc: SnekboxError, session: CodeSession) -> str | None:
             "the evaluation service no longer holds it (it restarted, or ended the session "
             "after its idle time or to make room for others)"
         )
-    elif isinstance(exc, EvaluatorUnavailable) and session.replica is not None:
-        why = f"the evaluation service's replica that held it cannot be reached ({exc.reason})"
-    else:
+    elif isinstance(exc, ReplicaGone):
+        why = f"the evaluation service's replica that held it is gone ({exc.reason})"
+    else:  # unreachable for now, say: the interpreter may well be there still
         return None
     lost = (
         f"The session's interpreter is gone: {why}. Its variables and imports are lost, and "

@@ -30,6 +30,7 @@ from ._exceptions import (
     EvaluatorTimeout,
     EvaluatorUnavailable,
     InvalidResponse,
+    ReplicaGone,
     SnekboxError,
 )
 from ._models import (
@@ -69,6 +70,7 @@ __all__ = [
     "EvaluatorUnavailable",
     "File",
     "InvalidResponse",
+    "ReplicaGone",
     "Resolver",
     "ServiceInfo",
     "SnekboxClient",

@@ -19,13 +19,25 @@ from dataclasses import dataclass
 
 import httpx
 
-__all__ = ["REPLICA", "AddressState", "BalancingTransport", "Resolver", "resolve"]
+__all__ = [
+    "REPLICA",
+    "AddressState",
+    "BalancingTransport",
+    "Resolver",
+    "UnresolvedReplica",
+    "resolve",
+]
 
 log = logging.getLogger(__name__)
 
 #: The request extension that sends a request to one address (a replica holding a live
-#: session) instead of choosing, and the response extension that says where one went.
+#: session) instead of choosing.
 REPLICA = "snekbox_client.replica"
+
+
+class UnresolvedReplica(httpx.ConnectError):
+    """The name no longer resolves to the address a request was pinned to."""
+
 
 #: Resolves ``(host, port)`` to IP addresses as strings; raises ``OSError`` when it cannot.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
@@ -39,7 +51,7 @@ async def resolve(host: str, port: int) -> list[str]:
 
 @dataclass(frozen=True)
 class AddressState:
-    """One address of the service: requests in flight on it, and whether it is skipped."""
+    """One address of the service: evaluations in flight on it, and whether it is skipped."""
 
     address: str
     in_flight: int
@@ -50,7 +62,10 @@ class _Address:
     def __init__(self, address: str, pool: httpx.AsyncBaseTransport) -> None:
         self.address = address
         self.pool = pool
+        #: Evaluations (POSTs) in flight: what the choice counts.
         self.in_flight = 0
+        #: Requests of any kind whose response is not closed: the pool stays open for them.
+        self.open = 0
         self.down_until = 0.0
 
 
@@ -65,9 +80,9 @@ class BalancingTransport(httpx.AsyncBaseTransport):
     (a ``/readyz``, Docker's healthcheck), and must not change where evaluations go.
 
     A request whose :data:`REPLICA` extension names an address goes there and nowhere else
-    (a live session is in that replica's memory); when the name no longer resolves to it, or it
-    refuses the connection, the request fails with ``httpx.ConnectError``. Every response's
-    :data:`REPLICA` extension names the address that answered it.
+    (a live session is in that replica's memory): it fails with :class:`UnresolvedReplica` when
+    the name no longer resolves to that address, and with ``httpx.ConnectError`` when the
+    address refuses the connection.
 
     The name is resolved again every ``refresh_interval`` seconds and after a connection error.
     An address that refused or timed out a connection is skipped for ``refresh_interval``
@@ -164,7 +179,7 @@ class BalancingTransport(httpx.AsyncBaseTransport):
     async def _send_pinned(self, pinned: str, request: httpx.Request) -> httpx.Response:
         address = next((a for a in self._addresses if a.address == pinned), None)
         if address is None:
-            raise httpx.ConnectError(f"{self.host} no longer resolves to the replica {pinned}")
+            raise UnresolvedReplica(f"{self.host} no longer resolves to the replica {pinned}")
         try:
             return await self._send(address, request)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -206,24 +221,24 @@ class BalancingTransport(httpx.AsyncBaseTransport):
             stream=request.stream,
             extensions=request.extensions,
         )
-        counted = request.method == "POST"
-        address.in_flight += counted
+        evaluation = request.method == "POST"
+        address.open += 1
+        address.in_flight += evaluation
         try:
             response = await address.pool.handle_async_request(retargeted)
         except BaseException:
-            address.in_flight -= counted
+            self._release(address, evaluation)
             raise
         if not isinstance(response.stream, httpx.AsyncByteStream):  # never, from httpx's pools
-            address.in_flight -= counted
+            self._release(address, evaluation)
             raise TypeError("the address's transport returned a synchronous stream")
-        if counted:
-            response.stream = _Counted(response.stream, lambda: self._release(address))
-        response.extensions[REPLICA] = address.address
+        response.stream = _Counted(response.stream, lambda: self._release(address, evaluation))
         return response
 
     @staticmethod
-    def _release(address: _Address) -> None:
-        address.in_flight -= 1
+    def _release(address: _Address, evaluation: bool) -> None:
+        address.open -= 1
+        address.in_flight -= evaluation
 
     # -- resolving -------------------------------------------------------------------------
 
@@ -231,7 +246,7 @@ class BalancingTransport(httpx.AsyncBaseTransport):
         due = time.monotonic() - self._resolved_at >= self._refresh_interval
         if not (force or due):
             return
-        for gone in [a for a in self._retired if a.in_flight == 0]:
+        for gone in [a for a in self._retired if a.open == 0]:
             self._retired.remove(gone)
             await gone.pool.aclose()
         if self._resolving.locked() and self._addresses and not force:
@@ -266,7 +281,7 @@ class BalancingTransport(httpx.AsyncBaseTransport):
         if addresses != self._addresses:
             log.info("%s resolves to %s", self.host, ", ".join(a.address for a in addresses))
         for gone in known.values():
-            if gone.in_flight:
+            if gone.open:
                 self._retired.append(gone)  # closed once its last response is
             else:
                 await gone.pool.aclose()

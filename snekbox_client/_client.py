@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,13 +13,14 @@ from urllib.parse import quote
 import httpx
 
 from ._answer import AnswerReader
-from ._balancing import REPLICA, BalancingTransport
+from ._balancing import REPLICA, BalancingTransport, UnresolvedReplica
 from ._exceptions import (
     ConnectionLost,
     EvaluatorRejected,
     EvaluatorTimeout,
     EvaluatorUnavailable,
     InvalidResponse,
+    ReplicaGone,
 )
 from ._models import ContentWanted, EvalRequest, EvalResult, ServiceInfo
 
@@ -113,11 +113,11 @@ class SnekboxClient:
 
     async def eval(self, request: EvalRequest, *, replica: str | None = None) -> EvalResult:
         """Run one evaluation; on the replica at address ``replica``, if given (where a live
-        session is: see :class:`BalancingTransport`). The result's ``replica`` says which
-        address ran it, when the URL is balanced.
+        session is: see :class:`BalancingTransport` and :meth:`choose_replica`).
 
         Raises:
-            EvaluatorUnavailable: the service could not be reached (the code did not run).
+            EvaluatorUnavailable: the service could not be reached (the code did not run);
+                :class:`ReplicaGone` when the service's name no longer resolves to ``replica``.
             ConnectionLost: a connection was made, then broke before the whole answer came.
             EvaluatorTimeout: it did not answer within ``timeout``.
             EvaluatorRejected: it answered with an error status.
@@ -137,9 +137,7 @@ class SnekboxClient:
                 raise _rejection(response.status_code, await _read_at_most(response))
             async for chunk in response.aiter_bytes():
                 reader.feed(chunk)
-            answered_by = response.extensions.get(REPLICA)
-        result = await asyncio.to_thread(reader.result)
-        return dataclasses.replace(result, replica=answered_by) if answered_by else result
+        return await asyncio.to_thread(reader.result)
 
     async def choose_replica(self) -> str | None:
         """The replica that a series of requests (a live session's) should all go to: the one a
@@ -232,6 +230,8 @@ class SnekboxClient:
             httpx.RemoteProtocolError,
         ) as exc:
             raise ConnectionLost(self.base_url, _reason(exc)) from exc
+        except UnresolvedReplica as exc:
+            raise ReplicaGone(self.base_url, _reason(exc)) from exc
         except httpx.TransportError as exc:  # no connection made, or no request httpx could send
             raise EvaluatorUnavailable(self.base_url, _reason(exc)) from exc
         except httpx.DecodingError as exc:  # a Content-Encoding whose body does not decode

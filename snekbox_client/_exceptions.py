@@ -2,6 +2,7 @@
 
     SnekboxError
     ├── EvaluatorUnavailable   nothing answered at the URL (connection refused, DNS): not run
+    │   └── ReplicaGone        the service's name no longer resolves to the replica asked for
     ├── ConnectionLost         the connection broke once made: the code may have run
     ├── EvaluatorTimeout       the service accepted the request but did not answer in time
     ├── EvaluatorRejected      the service answered 4xx/5xx (``title`` / ``description`` kept)
@@ -19,6 +20,7 @@ __all__ = [
     "EvaluatorTimeout",
     "EvaluatorUnavailable",
     "InvalidResponse",
+    "ReplicaGone",
     "SnekboxError",
 ]
 
@@ -34,6 +36,11 @@ class EvaluatorUnavailable(SnekboxError):
         super().__init__(f"the evaluation service at {url} is unreachable: {reason}")
         self.url = url
         self.reason = reason
+
+
+class ReplicaGone(EvaluatorUnavailable):
+    """The replica a request was pinned to (where a live session is) is no longer one of the
+    addresses the service's name resolves to: gone for good, with what it held."""
 
 
 class ConnectionLost(SnekboxError):

@@ -214,9 +214,6 @@ class EvalResult:
     ended_by: EndedBy | None = None
     #: For a run in a session: whether its interpreter ended with it (``None``: not a session).
     session_ended: bool | None = None
-    #: The address of the replica that ran it, when the client chose one among several (see
-    #: :class:`~snekbox_client.BalancingTransport`); not part of the answer.
-    replica: str | None = field(default=None, compare=False)
 
     @classmethod
     def from_json(cls, data: Any) -> EvalResult:

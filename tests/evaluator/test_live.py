@@ -188,6 +188,22 @@ async def test_a_resumed_session_that_is_not_held_is_not_started_afresh(
     assert evaluator.live_sessions == 0  # neither refusal started one
 
 
+async def test_a_resumed_session_that_ends_while_its_run_waits_is_not_started_afresh() -> None:
+    """The check is made again once the run has its slot: a session ended (evicted, expired)
+    while its run queued is refused, not replaced by an empty interpreter."""
+    async with Evaluator(config(time_limit=10, preimport=(), max_sessions=2, concurrency=1)) as ev:
+        await cell(ev, "a", "x = 1")
+        busy = asyncio.ensure_future(ev.run(EvalRequest(input="import time; time.sleep(3)")))
+        await asyncio.sleep(0.5)  # the one slot is taken
+        resumed = asyncio.ensure_future(cell(ev, "a", "print(x)", session_resume=True))
+        await asyncio.sleep(0.5)  # it waits for the slot, the session still live
+        await ev.end_session("a")
+        with pytest.raises(SessionNotFound):
+            await resumed
+        assert (await busy).returncode == 0
+        assert ev.live_sessions == 0
+
+
 async def test_a_cancelled_cell_ends_its_session(evaluator: Evaluator) -> None:
     await cell(evaluator, "cancel", "x = 1")
     running = asyncio.ensure_future(cell(evaluator, "cancel", "import time\ntime.sleep(60)"))

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.types import CallToolResult
 
 from python_mcp_server import Settings, create_app
@@ -117,6 +117,15 @@ async def test_gateway_replicas_with_one_secret_serve_each_others_sessions(
         assert text_of(continued).startswith("set through the first gateway\n")
         refused = await run(c, "print(x)", session_id=session_id)
         assert refused.is_error and "does not exist" in text_of(refused)
+        # One the second gateway never served: ended there, without being taken on.
+        other = facts(await run(a, "y = 1\nopen('f.txt', 'w').write('f')"))
+        with pytest.raises(MCPError, match="does not exist"):  # it holds none of its files
+            await b.read_resource(other["files"][0]["uri"])
+        assert not (await b.call_tool("end_session", {"session_id": other["session_id"]})).is_error
+        with anyio.fail_after(30):
+            while not (gone := await run(a, "y", session_id=other["session_id"])).is_error:  # noqa: ASYNC110
+                await anyio.sleep(0.2)
+        assert "The session's interpreter is gone" in text_of(gone)
         ended = await b.call_tool("end_session", {"session_id": session_id})
         assert not ended.is_error
         with anyio.fail_after(30):  # the second gateway ends the interpreter in the background

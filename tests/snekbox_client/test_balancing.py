@@ -25,6 +25,7 @@ from snekbox_client import (
     BalancingTransport,
     EvalRequest,
     EvaluatorUnavailable,
+    ReplicaGone,
     SnekboxClient,
     resolve,
 )
@@ -105,25 +106,25 @@ async def test_the_least_busy_replica_gets_the_next_call(replicas: int) -> None:
 
 async def test_a_pinned_request_goes_to_its_replica_and_nowhere_else(replicas: int) -> None:
     """A live session is in one replica's memory: its calls go there, whatever the rotation
-    (elsewhere, ``session_resume`` would be refused 404); a replica gone is an error."""
+    (elsewhere, ``session_resume`` would be refused 404); a replica gone is said so."""
     answers = Answers(list(REPLICAS))
     async with balanced(replicas, answers, refresh_interval=0.2) as (client, _):
         with anyio.fail_after(120):
-            first = await client.eval(EvalRequest(input="x = 1", session="pinned"))
-            assert first.replica in REPLICAS and first.session_ended is False
+            replica = await client.choose_replica()
+            assert replica in REPLICAS
+            first = await client.eval(EvalRequest(input="x = 1", session="pinned"), replica=replica)
+            assert first.session_ended is False
             resume = EvalRequest(input="x += 1\nprint(x)", session="pinned", session_resume=True)
             counts = []
             for _ in range(4):
-                result = await client.eval(resume, replica=first.replica)
-                assert result.replica == first.replica
-                counts.append(result.stdout)
-                assert (await client.eval(EvalRequest(input="1"))).replica  # moves the rotation
-            await client.end_session("pinned", replica=first.replica)
+                counts.append((await client.eval(resume, replica=replica)).stdout)
+                await client.eval(EvalRequest(input="1"))  # moves the rotation on
+            await client.end_session("pinned", replica=replica)
         assert counts == ["2\n", "3\n", "4\n", "5\n"]
-        answers.addresses = [a for a in REPLICAS if a != first.replica]
+        answers.addresses = [a for a in REPLICAS if a != replica]
         await anyio.sleep(0.3)
-        with pytest.raises(EvaluatorUnavailable, match="no longer resolves to the replica"):
-            await client.eval(resume, replica=first.replica)
+        with pytest.raises(ReplicaGone, match="no longer resolves to the replica"):
+            await client.eval(resume, replica=replica)
 
 
 async def test_a_replica_that_dies_is_skipped(replicas: int) -> None:
