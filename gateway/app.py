@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Any
@@ -27,6 +28,7 @@ from starlette.routing import BaseRoute, Route
 
 from .code_sessions import URI_SCHEME, SessionGone
 from .edge import LoopbackGuard, RequestDeadline
+from .environment import ENVIRONMENT_URI
 from .sessions import SessionTable, StreamableSessions
 from .settings import Settings
 from .sse_sessions import SseSessions
@@ -91,6 +93,7 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
         ),
     )
     _add_session_files(server, gateway)
+    _add_environment(server, gateway)
     return server
 
 
@@ -134,6 +137,21 @@ def _add_session_files(server: MCPServer[Any], gateway: Gateway) -> None:
             return content.decode("utf-8")
         except UnicodeDecodeError:
             return content
+
+
+def _add_environment(server: MCPServer[Any], gateway: Gateway) -> None:
+    """What the evaluation service offers, as the gateway last found it (JSON)."""
+
+    @server.resource(
+        ENVIRONMENT_URI,
+        name="python environment",
+        title="What the Python sandbox offers",
+        description="The Python version and every installed package (name: version) of the "
+        "execute_python_code sandbox, as probed, and whether sessions keep variables.",
+        mime_type="application/json",
+    )
+    def environment() -> str:
+        return json.dumps(gateway.environment_report(), indent=1)
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -181,8 +199,9 @@ def create_app(settings: Settings) -> Starlette:
             server.remove_tool(TOOL_NAME)
             _add_tool(server, gateway)
 
-        gateway.on_description_change = describe_again
         async with gateway, server.session_manager.run():
+            if gateway.backend is not None:
+                gateway.backend.on_change = describe_again
             # Once the evaluator has started (or the remote service said what it offers), the
             # description claims only what it enforces.
             describe_again()

@@ -119,6 +119,8 @@ class Settings(ExplicitSettings):
     max_result_bytes: int = Field(default=1024 * 1024, ge=16 * 1024)
     #: Pixels a side of a figure returned at most (the prelude draws within FIGURE_MAX_PIXELS).
     max_image_side: PositiveInt = plotting.FIGURE_MAX_PIXELS
+    #: Seconds between probes of what the evaluation service offers (gateway.backend).
+    probe_interval: PositiveFloat = 600.0
     #: Code sessions open at once (gateway.code_sessions); a new one closes the longest idle.
     max_code_sessions: PositiveInt = 64
     #: Seconds a code session may go without a call before it ends.

@@ -15,9 +15,7 @@ import asyncio
 import hashlib
 import json
 import logging
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -37,7 +35,6 @@ from snekbox_client import (
     EvaluatorRejected,
     EvaluatorUnavailable,
     File,
-    InvalidResponse,
     ReplicaGone,
     ServiceInfo,
     SnekboxClient,
@@ -45,8 +42,10 @@ from snekbox_client import (
 )
 
 from .admission import Admission, Busy
+from .backend import START_PROBE_TIMEOUT, Backend
 from .budget import INLINE_FILE_BYTES
 from .code_sessions import CodeSession, CodeSessions, SessionGone
+from .environment import CORE, ENVIRONMENT_URI, Environment
 from .failures import GATEWAY_FAILED, ServiceFailure, explain, failure_kind
 from .handles import SessionHandles
 from .inprocess import InProcessClient
@@ -63,9 +62,6 @@ END_TOOL_NAME = "end_session"
 
 # The name operators filter the per-call log lines by (it was the single module's name).
 logger = logging.getLogger("python_mcp_server")
-
-#: Seconds between attempts to learn what a remote service offers, while it does not answer.
-_PROBE_INTERVAL = 5.0
 
 #: How much of a figure beyond the budget an evaluation returns: a PNG's signature and size.
 #: Every file's content comes back (within the budget): the session keeps what it wrote.
@@ -97,11 +93,8 @@ class Gateway:
         self._endings: set[asyncio.Task[None]] = set()
         self._client: SnekboxClient | InProcessClient | None = None
         self._builtin: evaluator.Evaluator | None = None
-        #: What the service offers beyond Snekbox's API; until a remote one answers, nothing.
-        self.service_info = ServiceInfo.none()
-        self._probing: asyncio.Task[None] | None = None
-        #: Called when the tool's description changes (a remote service answered its probe).
-        self.on_description_change: Callable[[], None] | None = None
+        #: What the service offers, as it says (see :mod:`gateway.backend`).
+        self.backend: Backend | None = None
         #: Set on shutdown: calls in flight finish, new ones are turned away.
         self.draining = False
         #: Tool calls between arrival and answer (admission counts only the evaluations).
@@ -112,8 +105,6 @@ class Gateway:
         settings = self.settings
         if settings.snekbox_url:
             self._client = SnekboxClient(settings.snekbox_url, timeout=settings.timeout)
-            if not await self._probe():
-                self._probing = asyncio.ensure_future(self._probe_until_answered())
         else:
             # The gateway ends its sessions' interpreters itself (idle, evicted, ended): the
             # evaluator's own idle limit must not come first and leave a session without one.
@@ -130,45 +121,24 @@ class Gateway:
             limit = settings.evaluator_config.session_limit
             self.sessions.max_sessions = max(1, min(self.sessions.max_sessions, limit))
             self._client = InProcessClient(self._builtin, timeout=settings.timeout)
-            self.service_info = await self._client.info()
+        self.backend = Backend(self._client, interval=settings.probe_interval)
+        await self.backend.probe(START_PROBE_TIMEOUT)
+        self.backend.start(self.tool_description)
         return self
 
-    async def _probe(self) -> bool:
-        """Learn what the remote service offers (live sessions: the built-in evaluator behind
-        ``SNEKBOX_URL``; Snekbox offers none); ``False`` if it did not answer."""
-        try:
-            async with asyncio.timeout(_PROBE_INTERVAL):
-                self.service_info = await self.client.info()
-        except InvalidResponse as exc:  # it answers, with nonsense: it offers nothing more
-            logger.warning("the evaluation service's GET /info is not understood: %s", exc)
-            self.service_info = ServiceInfo.none()
-        except (SnekboxError, TimeoutError) as exc:
-            logger.warning("the evaluation service did not say what it offers yet: %r", exc)
-            return False
-        logger.info(
-            "the evaluation service %s",
-            f"keeps live sessions (up to {self.service_info.max_sessions} per replica)"
-            if self.live_backend
-            else "runs every call in a fresh interpreter: sessions keep files only",
-        )
-        return True
-
-    async def _probe_until_answered(self) -> None:
-        while True:
-            await asyncio.sleep(_PROBE_INTERVAL)
-            if await self._probe():
-                break
-        if self.on_description_change is not None:
-            self.on_description_change()
+    @property
+    def service_info(self) -> ServiceInfo:
+        """What the service offers beyond Snekbox's API (nothing until it says)."""
+        return self.backend.info if self.backend is not None else ServiceInfo.none()
 
     @property
     def live_backend(self) -> bool:
         """Whether the service keeps a live interpreter per session."""
-        return self.service_info.max_sessions > 0
+        return self.backend is not None and self.backend.live_sessions
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._probing is not None:
-            self._probing.cancel()
+        if self.backend is not None:
+            await self.backend.aclose()
         if self._endings:
             await asyncio.gather(*self._endings, return_exceptions=True)
         if self._client is not None:
@@ -183,16 +153,16 @@ class Gateway:
         return self._client
 
     def tool_description(self) -> str:
-        """The tool's description, written for the model that calls it."""
+        """The tool's description, written for the model that calls it: what the backend was
+        found to offer (its Python, packages, sessions, limits), never more."""
+        environment = self.backend.environment if self.backend is not None else None
         if self.settings.snekbox_url:
-            python = "Python 3"
             limits = (
                 "The evaluation service sets the limits on time, memory, processes and output; "
                 "a run that exceeds the time or memory limit is killed (exit code 137)."
             )
         else:
             cfg = self.settings.evaluator_config
-            python = f"Python {sys.version_info.major}.{sys.version_info.minor}"
             weaker = {item["limit"] for item in self.limits_not_enforced()}
             in_force = (
                 {lim.name: lim for lim in self._builtin.limits_in_force()} if self._builtin else {}
@@ -212,6 +182,15 @@ class Gateway:
                 limits += f"; the working directory holds {cfg.workdir_size} MiB"
             limits += "."
         settings = self.settings
+        python = f"Python {environment.python}" if environment is not None else "Python 3"
+        plots = environment is None or "matplotlib" in environment.packages
+        figures = (
+            "- Figures: every matplotlib figure comes back as a PNG image, in drawing order, with "
+            "no extra step: plt.show() or simply leaving the figure open is enough. At most "
+            f"{self.settings.max_image_side:,} pixels a side are returned.\n"
+            if plots
+            else ""
+        )
         return (
             f"Run {python} code in an isolated sandbox and return what it prints.\n\n"
             f"{self._sessions_description()}\n"
@@ -220,8 +199,8 @@ class Gateway:
             "'base64' for bytes that are not text.\n"
             f"- `timeout_seconds`: this call's time limit, at most {settings.max_time_limit:g} "
             "s (more is lowered to that).\n"
-            "- Preinstalled: numpy, pandas, matplotlib and the standard library. There is no "
-            "network access, so pip install and downloads do not work.\n"
+            f"- {self._packages_description(environment)} There is no network access, so pip "
+            "install and downloads do not work.\n"
             "- The result is stdout and stderr together, in order (terminal control sequences "
             "removed), then a line [end of output] (numbered, [end of output #2], if the output "
             "holds that text), then the gateway's own lines: the exit status in words, figures "
@@ -229,9 +208,7 @@ class Gateway:
             "expression its value's repr follows the output (not for None, matplotlib objects or "
             "a line ending in ';'). There is no stdin: input() gets EOF. Output must be UTF-8: "
             "bytes that are not, written straight to a file descriptor, lose the whole output.\n"
-            "- Figures: every matplotlib figure comes back as a PNG image, in drawing order, with "
-            "no extra step: plt.show() or simply leaving the figure open is enough. At most "
-            f"{self.settings.max_image_side:,} pixels a side are returned.\n"
+            f"{figures}"
             "- Files the code writes in its working directory are listed with their sizes, "
             "their names in double quotes with JSON-style escapes; each can be read with "
             "resources/read at its files[].uri while the session lives, and small text files "
@@ -239,6 +216,41 @@ class Gateway:
             f"- {limits} Output longer than {self.settings.max_output_chars:,} characters is cut "
             "in the middle, keeping its start and end."
         )
+
+    def environment_report(self) -> dict[str, Any]:
+        """What :data:`ENVIRONMENT_URI` answers: the probe's findings and the sessions' kind."""
+        backend = self.backend
+        environment = backend.environment if backend is not None else None
+        found: dict[str, Any] = (
+            environment.to_json()
+            if environment is not None
+            else {"python": None, "packages": None, "unknown_because": self._unknown_why()}
+        )
+        return {
+            **found,
+            "sessions": "live interpreters" if self.live_backend else "files only",
+            "package_installs": "not offered: the sandbox has no network",
+        }
+
+    def _unknown_why(self) -> str:
+        return self.backend.unknown_why if self.backend is not None else "not asked yet"
+
+    def _packages_description(self, environment: Environment | None) -> str:
+        if environment is None:
+            return (
+                f"Installed packages are not known ({self._unknown_why()}); the standard "
+                "library is there."
+            )
+        notable = environment.notable()
+        others = len(environment.packages) - len(notable)
+        missing = [name for name in CORE if name not in environment.packages]
+        text = f"Preinstalled: {', '.join([*notable, 'the standard library'])}"
+        if others:
+            plural = "s" if others != 1 else ""
+            text += f", and {others} more package{plural} listed by the resource {ENVIRONMENT_URI}"
+        if missing:
+            text += f"; NOT installed: {', '.join(missing)}"
+        return text + "."
 
     def _sessions_description(self) -> str:
         settings = self.settings

@@ -6,13 +6,17 @@ wrapper that drops the field from each ``POST /eval`` body: the answers are then
 all contents (and the evaluator's ``ended_by``, which is not what is tested here), and the
 client's own reading of them is what is under test. It keeps no live sessions, as Snekbox.
 
-    python -m tests.snekbox_client.snekbox_like --port 8060 [--host 127.0.0.1]
+    python -m tests.snekbox_client.snekbox_like --port 8060 [--host 127.0.0.1] [--executable PY]
+
+``--executable``: the interpreter runs use, as a Snekbox image has its own (one without the
+project's packages stands in for an image without pandas).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 import uvicorn
@@ -68,9 +72,16 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--executable", default=sys.executable)
     args = parser.parse_args()
     # One-shot, as Snekbox: no live sessions (its GET /info says so).
-    config = EvaluatorConfig(time_limit=args.time_limit, concurrency=2, max_sessions=0)
+    config = EvaluatorConfig(
+        time_limit=args.time_limit,
+        concurrency=2,
+        max_sessions=0,
+        executable=args.executable,
+        preimport=() if args.executable != sys.executable else EvaluatorConfig().preimport,
+    )
     evaluator = Evaluator(config)
     app = IgnoreContentWanted(create_app(evaluator, manage_evaluator=True))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
