@@ -158,9 +158,7 @@ class BalancingTransport(httpx.AsyncBaseTransport):
             try:
                 return await self._send(address, request)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                log.info("cannot connect to %s (%s): %s", address.address, self.host, exc)
-                address.down_until = time.monotonic() + self._refresh_interval
-                self._resolved_at = -float("inf")
+                self._mark_down(address, exc)
                 last_error = exc
 
     async def choose(self) -> str:
@@ -183,10 +181,14 @@ class BalancingTransport(httpx.AsyncBaseTransport):
         try:
             return await self._send(address, request)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            log.info("cannot connect to %s (%s): %s", address.address, self.host, exc)
-            address.down_until = time.monotonic() + self._refresh_interval
-            self._resolved_at = -float("inf")
+            self._mark_down(address, exc)
             raise
+
+    def _mark_down(self, address: _Address, exc: Exception) -> None:
+        """Skip an address that refused or timed out a connection, and resolve the name again."""
+        log.info("cannot connect to %s (%s): %s", address.address, self.host, exc)
+        address.down_until = time.monotonic() + self._refresh_interval
+        self._resolved_at = -float("inf")
 
     async def aclose(self) -> None:
         for address in [*self._addresses, *self._retired]:

@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import anyio
 import httpx
 import httpx2
 import uvicorn
 from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult
 
 #: The time limit of evaluators shared by many tests: far above what any call of the suite needs
 #: (the heaviest, numpy + pandas + a figure, takes about 1 s on an idle machine), so that a
@@ -135,3 +137,17 @@ def text_of(result: Any) -> str:
     first = result.content[0]
     assert first.type == "text", result
     return str(first.text)
+
+
+async def call_code(client: Client, code: str, **arguments: Any) -> CallToolResult:
+    """One ``execute_python_code`` call, bounded generously: a session may start cold on a
+    loaded machine."""
+    with anyio.fail_after(90):
+        return await client.call_tool("execute_python_code", {"code": code, **arguments})
+
+
+def facts(result: CallToolResult) -> dict[str, Any]:
+    """The structured content of a result that must not be an error."""
+    assert not result.is_error, text_of(result)
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content

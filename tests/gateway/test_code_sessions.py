@@ -15,32 +15,20 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from mcp import Client, MCPError
+from mcp import MCPError
 from mcp.types import (
     BlobResourceContents,
-    CallToolResult,
     EmbeddedResource,
     TextResourceContents,
 )
 
 from python_mcp_server import Settings
 from tests.gateway.conftest import gateway, with_time_limit
-from tests.support import connect, text_of
+from tests.support import call_code, connect, facts, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("transport", ["sse", "http"])]
 
 CSV = "city,temp\nOslo,3\nLima,19\n"
-
-
-async def run(client: Client, code: str, **arguments: Any) -> CallToolResult:
-    with anyio.fail_after(60):
-        return await client.call_tool("execute_python_code", {"code": code, **arguments})
-
-
-def facts(result: CallToolResult) -> dict[str, Any]:
-    assert not result.is_error, text_of(result)
-    assert isinstance(result.structured_content, dict)
-    return result.structured_content
 
 
 async def test_files_sent_and_written_stay_with_the_session(
@@ -58,23 +46,23 @@ async def test_files_sent_and_written_stay_with_the_session(
         "import pandas as pd\nlabel = 'first'\npd.read_csv('data/cities.csv').to_pickle('df.pkl')"
     )
     async with connect(gateway_url, transport) as client:
-        first = facts(await run(client, write, files=files))
+        first = facts(await call_code(client, write, files=files))
         session_id = first["session_id"]
         assert isinstance(session_id, str) and len(session_id) >= 22
         assert f'[session_id: "{session_id}"' in text_of(
-            await run(client, "1", session_id=session_id)
+            await call_code(client, "1", session_id=session_id)
         )
         assert [f["path"] for f in first["files"]] == ["df.pkl"]
         read = (
             f"import pandas as pd\nprint(open('raw.bin', 'rb').read() == {png!r})\n"
             "print(pd.read_pickle('df.pkl').temp.sum())\nprint('label' in globals())"
         )
-        second = facts(await run(client, read, session_id=session_id))
+        second = facts(await call_code(client, read, session_id=session_id))
         assert second["stdout"] == f"True\n22\n{live}\n"  # files kept; variables if live
         assert second["session_id"] == session_id
         # Another session sees none of it.
         listing = "import os\nsorted(f for f in os.listdir() if not f.startswith('.'))"
-        other = facts(await run(client, listing))
+        other = facts(await call_code(client, listing))
         assert other["session_id"] != session_id and other["stdout"] == "[]\n"
 
 
@@ -87,7 +75,7 @@ async def test_written_files_are_resources_while_the_session_lives(
         "os.mkdir('sub dir')\nopen('sub dir/é 100%#?.txt', 'w').write('odd name')"
     )
     async with connect(gateway_url, transport) as client:
-        result = facts(await run(client, code))
+        result = facts(await call_code(client, code))
         written = {f["path"]: f for f in result["files"]}
         assert set(written) == {"notes.txt", "blob.dat", "sub dir/é 100%#?.txt"}
         odd = await client.read_resource(written["sub dir/é 100%#?.txt"]["uri"])
@@ -130,7 +118,7 @@ async def test_small_text_files_written_come_inline_as_resources(
         "open('empty.txt', 'w')"
     )
     async with connect(gateway_url, transport) as client:
-        result = await run(client, code)
+        result = await call_code(client, code)
         uris = {f["path"]: f["uri"] for f in facts(result)["files"]}
         assert set(uris) == {"small.csv", "big.txt", "blob.dat", "control.txt", "empty.txt"}
         embedded = [block for block in result.content if isinstance(block, EmbeddedResource)]
@@ -166,7 +154,7 @@ async def test_bad_files_are_refused_and_the_code_does_not_run(
     gateway_url: str, transport: str, files: list[dict[str, str]], named: str
 ) -> None:
     async with connect(gateway_url, transport) as client:
-        result = await run(client, "open('ran', 'w').close()\nprint('ran')", files=files)
+        result = await call_code(client, "open('ran', 'w').close()\nprint('ran')", files=files)
         assert result.is_error
         assert named in text_of(result) and "ran" not in text_of(result).split(":")[0]
 
@@ -175,15 +163,15 @@ async def test_a_session_that_is_gone_is_said_never_replaced(
     gateway_url: str, transport: str
 ) -> None:
     async with connect(gateway_url, transport) as client:
-        unknown = await run(client, "print('ran')", session_id="x" * 22)
+        unknown = await call_code(client, "print('ran')", session_id="x" * 22)
         assert unknown.is_error and "does not exist" in text_of(unknown)
         assert "Call again without session_id" in text_of(unknown)
-        hostile = await run(client, "print('ran')", session_id="\x1b[2J" + "y" * 100_000)
+        hostile = await call_code(client, "print('ran')", session_id="\x1b[2J" + "y" * 100_000)
         assert hostile.is_error and "does not exist" in text_of(hostile)
         assert len(text_of(hostile)) < 1000 and "\x1b" not in text_of(hostile)
-        session_id = facts(await run(client, "1"))["session_id"]
+        session_id = facts(await call_code(client, "1"))["session_id"]
         await client.call_tool("end_session", {"session_id": session_id})
-        ended = await run(client, "print('ran')", session_id=session_id)
+        ended = await call_code(client, "print('ran')", session_id=session_id)
         assert ended.is_error and "was ended on purpose" in text_of(ended)
         again = await client.call_tool("end_session", {"session_id": session_id})
         assert again.is_error and "was ended on purpose" in text_of(again)
@@ -225,24 +213,24 @@ async def test_the_longest_idle_session_is_evicted_at_the_cap(
     small_gateway: str, transport: str
 ) -> None:
     async with connect(small_gateway, transport) as client:
-        first = facts(await run(client, "1"))["session_id"]
-        second = facts(await run(client, "1"))["session_id"]
-        await run(client, "1", session_id=first)  # now second is the longest idle
-        third = facts(await run(client, "1"))["session_id"]
-        evicted = await run(client, "1", session_id=second)
+        first = facts(await call_code(client, "1"))["session_id"]
+        second = facts(await call_code(client, "1"))["session_id"]
+        await call_code(client, "1", session_id=first)  # now second is the longest idle
+        third = facts(await call_code(client, "1"))["session_id"]
+        evicted = await call_code(client, "1", session_id=second)
         assert evicted.is_error and "to make room" in text_of(evicted)
-        facts(await run(client, "1", session_id=third))
-        facts(await run(client, "1", session_id=first))
+        facts(await call_code(client, "1", session_id=third))
+        facts(await call_code(client, "1", session_id=first))
     assert await _session_metric(small_gateway, 'closed_total{why="evicted"}') >= 1
     assert await _session_metric(small_gateway, "created_total") >= 3
 
 
 async def test_an_idle_session_expires(expiring_gateway: str, transport: str) -> None:
     async with connect(expiring_gateway, transport) as client:
-        session_id = facts(await run(client, "1"))["session_id"]
+        session_id = facts(await call_code(client, "1"))["session_id"]
         started = time.monotonic()
         await anyio.sleep(1.6)
-        expired = await run(client, "1", session_id=session_id)
+        expired = await call_code(client, "1", session_id=session_id)
         assert time.monotonic() - started >= 1.5
         assert expired.is_error and "expired after" in text_of(expired)
     assert await _session_metric(expiring_gateway, 'closed_total{why="expired"}') >= 1
@@ -254,13 +242,13 @@ async def test_timeout_seconds_is_the_calls_limit_up_to_the_maximum(
     async with connect(small_gateway, transport) as client:
         started = time.monotonic()
         spin = "print('spinning', flush=True)\nwhile True: pass"
-        result = await run(client, spin, timeout_seconds=1)
+        result = await call_code(client, spin, timeout_seconds=1)
         assert time.monotonic() - started < 5
         assert "1 s" in text_of(result) or "time limit" in text_of(result)
-        lowered = facts(await run(client, "print('ok')", timeout_seconds=10**6))
+        lowered = facts(await call_code(client, "print('ok')", timeout_seconds=10**6))
         assert lowered["stdout"] == "ok\n"
         assert "timeout_seconds 1e+06 is above the maximum" in text_of(
-            await run(client, "1", timeout_seconds=10**6)
+            await call_code(client, "1", timeout_seconds=10**6)
         )
 
 
@@ -269,14 +257,16 @@ async def test_concurrent_sessions_do_not_see_each_other(gateway_url: str, trans
         ids: dict[int, str] = {}
 
         async def one(n: int) -> None:
-            result = facts(await run(client, f"open('same.txt', 'w').write('{n}')"))
+            result = facts(await call_code(client, f"open('same.txt', 'w').write('{n}')"))
             ids[n] = result["session_id"]
 
         async with anyio.create_task_group() as group:
             for n in range(4):
                 group.start_soon(one, n)
         for n, session_id in ids.items():
-            result = facts(await run(client, "open('same.txt').read()", session_id=session_id))
+            result = facts(
+                await call_code(client, "open('same.txt').read()", session_id=session_id)
+            )
             assert result["stdout"] == f"'{n}'\n"
 
 
@@ -286,18 +276,20 @@ async def test_a_session_holds_a_bounded_amount_of_files(
     live = request.node.callspec.params["small_gateway"] == "in-process"
     async with connect(small_gateway, transport) as client:
         files = [{"path": "a.txt", "content": "a" * 40_000}]
-        first = facts(await run(client, "print('ran')", files=files))
+        first = facts(await call_code(client, "print('ran')", files=files))
         session = {"session_id": first["session_id"]}
         more = [{"path": "b.txt", "content": "b" * 40_000}]
-        refused = await run(client, "print('ran')", files=more, **session)
+        refused = await call_code(client, "print('ran')", files=more, **session)
         assert refused.is_error and "may hold 65,536" in text_of(refused)
-        same = facts(await run(client, "print(len(open('a.txt').read()))", files=files, **session))
+        same = facts(
+            await call_code(client, "print(len(open('a.txt').read()))", files=files, **session)
+        )
         assert same["stdout"] == "40000\n"  # a file sent again replaces itself
         big = "open('big.bin', 'wb').write(b'x' * 100_000);\nopen('small.txt', 'w').write('s');"
-        written = facts(await run(client, big, **session))
+        written = facts(await call_code(client, big, **session))
         uris = {f["path"]: f["uri"] for f in written["files"]}
         assert uris["big.bin"] is None and uris["small.txt"] is not None
-        assert "not kept by the gateway" in text_of(await run(client, big, **session))
+        assert "not kept by the gateway" in text_of(await call_code(client, big, **session))
         # A live interpreter's directory still has it; a one-shot run gets only what is kept.
-        gone = facts(await run(client, "import os\nos.path.exists('big.bin')", **session))
+        gone = facts(await call_code(client, "import os\nos.path.exists('big.bin')", **session))
         assert gone["stdout"] == f"{live}\n"

@@ -12,12 +12,10 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
-from mcp.types import CallToolResult
 
 from python_mcp_server import Settings, create_app
 from tests.gateway.conftest import with_evaluator
-from tests.support import connect, serve, text_of
+from tests.support import call_code, connect, facts, serve, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("transport", ["sse", "http"])]
 
@@ -39,17 +37,6 @@ def live_gateway(settings: Settings) -> Iterator[tuple[str, Any]]:
         yield url, app
 
 
-async def run(client: Client, code: str, **arguments: Any) -> CallToolResult:
-    with anyio.fail_after(90):
-        return await client.call_tool("execute_python_code", {"code": code, **arguments})
-
-
-def facts(result: CallToolResult) -> dict[str, Any]:
-    assert not result.is_error, text_of(result)
-    assert isinstance(result.structured_content, dict)
-    return result.structured_content
-
-
 def live_count(app: Any) -> int:
     return int(app.state.gateway._builtin.live_sessions)
 
@@ -60,21 +47,23 @@ async def test_variables_imports_and_functions_last_like_a_notebooks(
     url, _ = live_gateway
     async with connect(url, transport) as client:
         first = facts(
-            await run(client, "import math\ndef area(r):\n    return math.pi * r * r\nn = 2")
+            await call_code(client, "import math\ndef area(r):\n    return math.pi * r * r\nn = 2")
         )
         session = {"session_id": first["session_id"]}
-        assert facts(await run(client, "round(area(n), 3)", **session))["stdout"] == "12.566\n"
-        exited = facts(await run(client, "n += 1\nimport sys\nsys.exit(3)", **session))
+        assert (
+            facts(await call_code(client, "round(area(n), 3)", **session))["stdout"] == "12.566\n"
+        )
+        exited = facts(await call_code(client, "n += 1\nimport sys\nsys.exit(3)", **session))
         assert exited["returncode"] == 3  # the cell ends, not the session
-        assert facts(await run(client, "n", **session))["stdout"] == "3\n"
-        failed = facts(await run(client, "n = 10\n1 / 0", **session))
+        assert facts(await call_code(client, "n", **session))["stdout"] == "3\n"
+        failed = facts(await call_code(client, "n = 10\n1 / 0", **session))
         assert failed["status"] == "exception" and "ZeroDivisionError" in failed["stdout"]
-        assert facts(await run(client, "print(n)", **session))["stdout"] == "10\n"
-        drawn = await run(
+        assert facts(await call_code(client, "print(n)", **session))["stdout"] == "10\n"
+        drawn = await call_code(
             client, "import matplotlib.pyplot as plt\nplt.plot([1, n])\nprint('drawn')", **session
         )
         assert [c.type for c in drawn.content] == ["text", "image"]
-        again = await run(client, "plt.figure(); plt.plot([n, 1]); print('again')", **session)
+        again = await call_code(client, "plt.figure(); plt.plot([n, 1]); print('again')", **session)
         assert [c.type for c in again.content] == ["text", "image"]  # only the new figure
 
 
@@ -83,12 +72,12 @@ async def test_a_time_limit_interrupts_and_the_session_goes_on(
 ) -> None:
     url, _ = live_gateway
     async with connect(url, transport) as client:
-        session = {"session_id": facts(await run(client, "kept = 'yes'"))["session_id"]}
+        session = {"session_id": facts(await call_code(client, "kept = 'yes'"))["session_id"]}
         sleep = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"
-        result = facts(await run(client, sleep, timeout_seconds=1, **session))
+        result = facts(await call_code(client, sleep, timeout_seconds=1, **session))
         assert result["status"] == "interrupted", result
         assert "KeyboardInterrupt" in result["stdout"] and "variables are kept" in result["message"]
-        assert facts(await run(client, "kept", **session))["stdout"] == "'yes'\n"
+        assert facts(await call_code(client, "kept", **session))["stdout"] == "'yes'\n"
 
 
 async def test_code_that_will_not_stop_is_killed_and_only_its_files_survive(
@@ -97,12 +86,14 @@ async def test_code_that_will_not_stop_is_killed_and_only_its_files_survive(
     url, _ = live_gateway
     async with connect(url, transport) as client:
         write = "lost = 1\nopen('kept.txt', 'w').write('file')"
-        session = {"session_id": facts(await run(client, write))["session_id"]}
-        killed = await run(client, STUBBORN, timeout_seconds=1, **session)
+        session = {"session_id": facts(await call_code(client, write))["session_id"]}
+        killed = await call_code(client, STUBBORN, timeout_seconds=1, **session)
         assert facts(killed)["status"] == "killed"
         assert "interpreter ended with this call" in text_of(killed)
         after = facts(
-            await run(client, "print(open('kept.txt').read(), 'lost' in globals())", **session)
+            await call_code(
+                client, "print(open('kept.txt').read(), 'lost' in globals())", **session
+            )
         )
         assert after["stdout"] == "file False\n"
 
@@ -112,16 +103,16 @@ async def test_a_memory_kill_ends_the_interpreter(
 ) -> None:
     url, _ = live_gateway
     async with connect(url, transport) as client:
-        session = {"session_id": facts(await run(client, "x = 1"))["session_id"]}
-        result = await run(client, "big = bytearray(4 * 1024**3)", **session)
+        session = {"session_id": facts(await call_code(client, "x = 1"))["session_id"]}
+        result = await call_code(client, "big = bytearray(4 * 1024**3)", **session)
         structured = facts(result)
         if structured["status"] == "exception":  # a machine with no memory cgroup: a MemoryError
             assert "MemoryError" in structured["stdout"]
-            assert facts(await run(client, "x", **session))["stdout"] == "1\n"
+            assert facts(await call_code(client, "x", **session))["stdout"] == "1\n"
             return
         assert structured["status"] == "killed" and "memory limit" in structured["message"]
         assert "interpreter ended with this call" in text_of(result)
-        assert "NameError" in facts(await run(client, "x", **session))["stdout"]
+        assert "NameError" in facts(await call_code(client, "x", **session))["stdout"]
 
 
 async def test_sessions_see_nothing_of_each_other(
@@ -133,7 +124,7 @@ async def test_sessions_see_nothing_of_each_other(
 
         async def one(n: int) -> None:
             code = f"secret = {n}\nopen('mine.txt', 'w').write('{n}')\nimport os\nos.getpid()"
-            ids[n] = facts(await run(client, code))["session_id"]
+            ids[n] = facts(await call_code(client, code))["session_id"]
 
         async with anyio.create_task_group() as group:
             for n in range(3):
@@ -144,7 +135,7 @@ async def test_sessions_see_nothing_of_each_other(
             "len([p for p in os.listdir('/proc') if p.isdigit()]))"
         )
         for n, session_id in ids.items():
-            seen = facts(await run(client, probe, session_id=session_id))["stdout"]
+            seen = facts(await call_code(client, probe, session_id=session_id))["stdout"]
             # Its own variable, its own file, and only its own processes (bwrap's and its own).
             assert seen == f"{n} {n} ['mine.txt'] 2\n", seen
 
@@ -154,7 +145,7 @@ async def test_an_ended_or_evicted_session_ends_its_interpreter(
 ) -> None:
     url, app = live_gateway
     async with connect(url, transport) as client:
-        session_id = facts(await run(client, "x = 1"))["session_id"]
+        session_id = facts(await call_code(client, "x = 1"))["session_id"]
         before = live_count(app)
         ended = await client.call_tool("end_session", {"session_id": session_id})
         assert not ended.is_error
@@ -163,7 +154,7 @@ async def test_an_ended_or_evicted_session_ends_its_interpreter(
                 await anyio.sleep(0.05)
         # The evaluator holds at most three: the gateway evicts first, and ends each.
         for _ in range(5):
-            facts(await run(client, "y = 2"))
+            facts(await call_code(client, "y = 2"))
         assert live_count(app) <= 3
         gateway = app.state.gateway
         assert gateway.sessions.max_sessions == 3
@@ -176,13 +167,13 @@ async def test_the_readmes_three_call_analysis(
     csv = {"path": "sales.csv", "content": "month,amount\nJan,3\nFeb,5\n"}
     async with connect(url, transport) as client:
         load = "import pandas as pd\ndf = pd.read_csv('sales.csv')\ndf.shape"
-        first = facts(await run(client, load, files=[csv]))
+        first = facts(await call_code(client, load, files=[csv]))
         assert first["stdout"] == "(2, 2)\n"
         session = {"session_id": first["session_id"]}
-        described = facts(await run(client, "df.describe()", **session))
+        described = facts(await call_code(client, "df.describe()", **session))
         assert "mean" in described["stdout"] and "4.0" in described["stdout"]
         plot = "df.plot(x='month')\nimport matplotlib.pyplot as plt\nplt.savefig('chart.png')"
-        plotted = await run(client, plot, **session)
+        plotted = await call_code(client, plot, **session)
         assert [c.type for c in plotted.content] == ["text", "image"]
         (chart,) = facts(plotted)["files"]
         assert chart["path"] == "chart.png" and chart["mime_type"] == "image/png"

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import pytest
 from mcp import Client, MCPError
-from mcp.types import CallToolResult
 
 from python_mcp_server import Settings, create_app
 from tests.gateway.conftest import evaluator_service, gateway, with_time_limit
-from tests.support import closed_port, connect, serve, text_of
+from tests.support import call_code, closed_port, connect, facts, serve, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("transport", ["sse", "http"])]
 
@@ -34,17 +32,6 @@ def remote_gateway(settings: Settings) -> Iterator[str]:
         yield url
 
 
-async def run(client: Client, code: str, **arguments: Any) -> CallToolResult:
-    with anyio.fail_after(90):
-        return await client.call_tool("execute_python_code", {"code": code, **arguments})
-
-
-def facts(result: CallToolResult) -> dict[str, Any]:
-    assert not result.is_error, text_of(result)
-    assert isinstance(result.structured_content, dict)
-    return result.structured_content
-
-
 async def test_variables_last_and_an_interrupt_keeps_them(
     remote_gateway: str, transport: str
 ) -> None:
@@ -53,15 +40,17 @@ async def test_variables_last_and_an_interrupt_keeps_them(
         description = tools["execute_python_code"].description or ""
         assert "run in the same interpreter" in description
         assert "do NOT carry over" not in description
-        session_id = facts(await run(client, "import os\nx = 41\npid = os.getpid()"))["session_id"]
-        same = await run(client, "print(x + 1, os.getpid() == pid)", session_id=session_id)
+        session_id = facts(await call_code(client, "import os\nx = 41\npid = os.getpid()"))[
+            "session_id"
+        ]
+        same = await call_code(client, "print(x + 1, os.getpid() == pid)", session_id=session_id)
         assert text_of(same).startswith("42 True\n")
         # The call's own time limit reaches the service, which interrupts the cell.
         slow = "import time\ntime.sleep(60)"
-        interrupted = await run(client, slow, session_id=session_id, timeout_seconds=1)
+        interrupted = await call_code(client, slow, session_id=session_id, timeout_seconds=1)
         assert "interrupted after" in text_of(interrupted)
         assert "variables are kept" in text_of(interrupted)
-        after = await run(client, "print(x)", session_id=session_id)
+        after = await call_code(client, "print(x)", session_id=session_id)
         assert text_of(after).startswith("41\n")
         await client.call_tool("end_session", {"session_id": session_id})
 
@@ -81,21 +70,21 @@ async def test_a_service_restart_loses_the_interpreter_not_the_files(
         with evaluator_service(TIME_LIMIT, sessions=True, port=port) as url:
             gateway_url = stack.enter_context(gateway_at(settings, url))
             client = await stack.enter_async_context(connect(gateway_url, transport))
-            first = await run(client, "x = 1\nopen('notes.txt', 'w').write('kept')")
+            first = await call_code(client, "x = 1\nopen('notes.txt', 'w').write('kept')")
             session_id = facts(first)["session_id"]
         # The service is gone and back: it holds no session.
         with evaluator_service(TIME_LIMIT, sessions=True, port=port):
-            lost = await run(client, "open('ran.txt', 'w')", session_id=session_id)
+            lost = await call_code(client, "open('ran.txt', 'w')", session_id=session_id)
             assert lost.is_error
             assert "The session's interpreter is gone" in text_of(lost)
             assert "variables and imports are lost" in text_of(lost)
             assert "this code did not run" in text_of(lost)
-            again = await run(
+            again = await call_code(
                 client, "print(open('notes.txt').read(), 'x' in globals())", session_id=session_id
             )
             assert text_of(again).startswith("kept False\n")
             assert facts(again)["session_id"] == session_id
-            listed = await run(
+            listed = await call_code(
                 client, "import os\nprint(sorted(os.listdir()))", session_id=session_id
             )
             assert "ran.txt" not in text_of(listed)
@@ -112,23 +101,30 @@ async def test_gateway_replicas_with_one_secret_serve_each_others_sessions(
         a = await stack.enter_async_context(connect(first, transport))
         b = await stack.enter_async_context(connect(second, transport))
         c = await stack.enter_async_context(connect(stranger, transport))
-        session_id = facts(await run(a, "x = 'set through the first gateway'"))["session_id"]
-        continued = await run(b, "print(x)", session_id=session_id)
+        session_id = facts(await call_code(a, "x = 'set through the first gateway'"))["session_id"]
+        continued = await call_code(b, "print(x)", session_id=session_id)
         assert text_of(continued).startswith("set through the first gateway\n")
-        refused = await run(c, "print(x)", session_id=session_id)
+        refused = await call_code(c, "print(x)", session_id=session_id)
         assert refused.is_error and "does not exist" in text_of(refused)
         # One the second gateway never served: ended there, without being taken on.
-        other = facts(await run(a, "y = 1\nopen('f.txt', 'w').write('f')"))
+        other = facts(await call_code(a, "y = 1\nopen('f.txt', 'w').write('f')"))
         with pytest.raises(MCPError, match="does not exist"):  # it holds none of its files
             await b.read_resource(other["files"][0]["uri"])
         assert not (await b.call_tool("end_session", {"session_id": other["session_id"]})).is_error
-        with anyio.fail_after(30):
-            while not (gone := await run(a, "y", session_id=other["session_id"])).is_error:  # noqa: ASYNC110
-                await anyio.sleep(0.2)
-        assert "The session's interpreter is gone" in text_of(gone)
+        await ended_in_the_background(a, other["session_id"])
         ended = await b.call_tool("end_session", {"session_id": session_id})
         assert not ended.is_error
-        with anyio.fail_after(30):  # the second gateway ends the interpreter in the background
-            while not (lost := await run(a, "print(x)", session_id=session_id)).is_error:  # noqa: ASYNC110
-                await anyio.sleep(0.2)
-        assert "The session's interpreter is gone" in text_of(lost)
+        await ended_in_the_background(a, session_id)
+
+
+async def ended_in_the_background(client: Client, session_id: str) -> None:
+    """Return once a call of ``session_id`` finds its interpreter ended by another gateway:
+    gone before the call (a tool error), or ended while the call ran (its result says so)."""
+    with anyio.fail_after(30):
+        while True:
+            result = await call_code(client, "import time; time.sleep(0.1)", session_id=session_id)
+            if result.is_error:
+                assert "The session's interpreter is gone" in text_of(result)
+                return
+            if "interpreter ended with this call" in text_of(result):
+                return
