@@ -121,7 +121,10 @@ def test_the_session_cap_follows_a_memory_limit_on_the_services_own_cgroup() -> 
         pytest.skip("needs root, to make a memory cgroup")
     mounts, own = _cgroup_mounts(), _own_v1_cgroup("memory")
     if "memory" not in mounts or own is None:
-        pytest.skip("no cgroup v1 memory hierarchy here (cgroup v2 is the VM test's)")
+        pytest.skip(
+            "no cgroup v1 memory hierarchy here; on cgroup v2 the same function reads memory.max, "
+            "which no test here limits"
+        )
     limited = mounts["memory"] / own.lstrip("/") / f"evaluator-test-limit-{os.getpid()}"
     limited.mkdir()
     try:
