@@ -1,0 +1,170 @@
+"""Packages installed outside the sandbox: uv, wheels only, one layer per resolved set.
+
+No outside index: the wheels are made here (a wheel is a zip of files and their RECORD), and
+uv is pointed at their folder (``--no-index --find-links``). The layer is imported by a real
+interpreter, as a run would with the layer on its ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from evaluator.packages import PackageCache, PackageRefused, Policy
+
+pytestmark = pytest.mark.anyio
+
+UV = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+
+
+def wheel(folder: Path, name: str, version: str, code: str, *, requires: str = "") -> Path:
+    """A pure-Python wheel of one module, ``name``, holding ``code``."""
+    info = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    if requires:
+        metadata += f"Requires-Dist: {requires}\n"
+    files = {
+        f"{name}/__init__.py": code.encode(),
+        f"{info}/METADATA": metadata.encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    out = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(out, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return out
+
+
+def sdist(folder: Path, name: str, version: str) -> Path:
+    """A source distribution only: installing it would run its build on the host."""
+    out = folder / f"{name}-{version}.tar.gz"
+    with tarfile.open(out, "w:gz") as archive:
+        pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+        member = tarfile.TarInfo(f"{name}-{version}/PKG-INFO")
+        member.size = len(pkg_info)
+        archive.addfile(member, io.BytesIO(pkg_info))
+    return out
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Path:
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "tinypkg", "1.0", "VALUE = 1\n")
+    wheel(folder, "tinypkg", "1.1", "VALUE = 11\n")
+    wheel(folder, "withdep", "2.0", "from tinypkg import VALUE\n", requires="tinypkg>=1")
+    wheel(folder, "bulky", "1.0", "DATA = " + repr("x" * 300_000) + "\n")
+    sdist(folder, "sourceonly", "1.0")
+    return folder
+
+
+def cache(tmp_path: Path, index: Path, policy: str = "any", **changes: int) -> PackageCache:
+    return PackageCache(
+        tmp_path / "cache",
+        uv=UV,
+        policy=Policy.parse(policy),
+        index_args=["--no-index", "--find-links", str(index)],
+        **changes,
+    )
+
+
+def imported(layer_path: Path, code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(layer_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+async def test_a_set_is_resolved_installed_once_and_importable(tmp_path: Path, index: Path) -> None:
+    packages = cache(tmp_path, index)
+    first = await packages.layer(["withdep==2.0"], sys.executable)
+    assert first.pins == ("tinypkg==1.1", "withdep==2.0") and not first.cached
+    assert imported(first.path, "import withdep; print(withdep.VALUE)") == "11\n"
+    again = await packages.layer(["WithDep == 2.0"], sys.executable)  # the same, written otherwise
+    assert (again.key, again.cached, packages.installs) == (first.key, True, 1)
+    # Read-only once installed: a run (or the service) cannot change what others import.
+    module = next(first.path.glob("withdep/__init__.py"))
+    assert not os.access(module, os.W_OK) or os.geteuid() == 0
+    assert module.stat().st_mode & 0o222 == 0
+
+
+async def test_concurrent_requests_for_one_set_install_it_once(tmp_path: Path, index: Path) -> None:
+    packages = cache(tmp_path, index)
+    layers = await asyncio.gather(*(packages.layer(["tinypkg"], sys.executable) for _ in range(5)))
+    assert len({layer.key for layer in layers}) == 1
+    assert packages.installs == 1
+
+
+@pytest.mark.parametrize(
+    ("requirement", "why"),
+    [
+        ("sourceonly", "no wheel"),
+        ("nosuchpackage", "not found"),
+        ("tinypkg>=5", "not found"),
+        ("tinypkg @ https://example.org/tinypkg.whl", "invalid"),
+        ("tiny pkg", "invalid"),
+        ("", "invalid"),
+    ],
+)
+async def test_a_refusal_names_the_requirement_and_why(
+    tmp_path: Path, index: Path, requirement: str, why: str
+) -> None:
+    with pytest.raises(PackageRefused) as refused:
+        await cache(tmp_path, index).layer([requirement], sys.executable)
+    assert refused.value.why == why, refused.value
+    if why != "invalid":
+        assert refused.value.requirement == requirement
+
+
+async def test_the_policy_decides_what_may_be_asked_for(tmp_path: Path, index: Path) -> None:
+    allow = cache(tmp_path, index, policy="tinypkg, other")
+    assert (await allow.layer(["tinypkg"], sys.executable)).pins == ("tinypkg==1.1",)
+    with pytest.raises(PackageRefused, match="allows only: other, tinypkg") as refused:
+        await allow.layer(["withdep"], sys.executable)
+    assert refused.value.why == "not allowed"
+    with pytest.raises(PackageRefused, match="turned off") as off:
+        await cache(tmp_path, index, policy="off").layer(["tinypkg"], sys.executable)
+    assert off.value.why == "not allowed"
+    with pytest.raises(ValueError, match="empty"):
+        Policy.parse(" , ")
+
+
+async def test_a_set_too_large_is_refused_and_the_cache_stays_bounded(
+    tmp_path: Path, index: Path
+) -> None:
+    strict = cache(tmp_path, index, max_layer_bytes=100_000)
+    with pytest.raises(PackageRefused, match="too large"):
+        await strict.layer(["bulky"], sys.executable)
+    assert not [p for p in strict.root.iterdir() if p.is_dir()], "nothing half-installed is left"
+    scratch = cache(tmp_path / "scratch", index)
+    sizes = [size_of((await scratch.layer([r], sys.executable)).path) for r in ("bulky", "tinypkg")]
+    bound = sum(sizes) + 1  # bulky and tinypkg fit together, not with a third set
+    bounded = cache(tmp_path, index, max_total_bytes=bound)
+    first = await bounded.layer(["bulky"], sys.executable)
+    small = await bounded.layer(["tinypkg"], sys.executable)
+    assert first.path.exists() and small.path.exists()
+    third = await bounded.layer(["withdep"], sys.executable)
+    assert not first.path.exists(), "the least recently used goes first"
+    assert small.path.exists() and third.path.exists()
+    assert size_of(bounded.root) <= bound
+
+
+def size_of(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
