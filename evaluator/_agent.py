@@ -44,6 +44,9 @@ INTERRUPTED = 130
 SESSION = b"\xffsession\xff"
 #: Seconds between the SIGINTs of an interrupt, until the cell ends.
 _INTERRUPT_EVERY = 0.25
+#: A session's package layers (evaluator/packages.py): each directory below, named ``NNN-key``
+#: in the order they were added, goes on ``sys.path`` before the cell that asked for it.
+PACKAGES = "/opt/packages"
 
 
 def warm(names: "list[str]") -> None:
@@ -322,10 +325,41 @@ def _load(args: "list[str]") -> "tuple[str | bytes, str] | None":
         return None
 
 
+def add_packages() -> None:
+    """Put the layers added since the last cell on ``sys.path``, the newest first (after the
+    script's directory, before the standard library, as ``PYTHONPATH`` would).
+
+    A module the interpreter imported before keeps its first version: said on stderr.
+    """
+    try:
+        names = sorted(os.listdir(PACKAGES))
+    except OSError:
+        return
+    added = [path for name in names if (path := f"{PACKAGES}/{name}") not in sys.path]
+    for path in added:
+        sys.path.insert(1, path)
+        try:
+            provided = {entry.split(".")[0] for entry in os.listdir(path)}
+        except OSError:
+            continue
+        kept = sorted(name for name in provided if name in sys.modules and name != "__pycache__")
+        if kept:
+            sys.stderr.write(
+                f"note: {', '.join(kept)} was imported in this session before this call added "
+                "its package; the interpreter keeps what it imported first (a new session "
+                "imports the added version)\n"
+            )
+    if added:
+        import importlib
+
+        importlib.invalidate_caches()
+
+
 def _run_cell(args: "list[str]", main: "ModuleType") -> int:
     """One cell: ``args`` run as :func:`run` runs them, in ``main``; its status."""
     import builtins
 
+    add_packages()
     if not main.__dict__:
         main.__dict__.update(__builtins__=builtins, __annotations__={})
     loaded = _load(args)

@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from snekbox_client import (
     CONTENT_WANTED_FIELD,
+    PACKAGES_FIELD,
     SESSION_FIELD,
     SESSION_RESUME_FIELD,
     TIME_LIMIT_FIELD,
@@ -75,6 +76,11 @@ REQUEST_SCHEMA: dict[str, Any] = {
         "time_limit": {"type": "number", "exclusiveMinimum": 0},
         "session": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
         "session_resume": {"type": "boolean"},
+        "packages": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1, "maxLength": 200},
+            "maxItems": 64,
+        },
     },
     "anyOf": [{"required": ["input"]}, {"required": ["args"]}],
 }
@@ -159,6 +165,7 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
         time_limit=body.get(TIME_LIMIT_FIELD),
         session=body.get(SESSION_FIELD),
         session_resume=body.get(SESSION_RESUME_FIELD, False),
+        packages=tuple(body.get(PACKAGES_FIELD, ())),
     )
 
 
@@ -200,6 +207,7 @@ def check_request(request: EvalRequest, *, max_files: int) -> None:
             (TIME_LIMIT_FIELD, request.time_limit),
             (SESSION_FIELD, request.session),
             (SESSION_RESUME_FIELD, request.session_resume or None),
+            (PACKAGES_FIELD, list(request.packages) or None),
         )
         if value is not None
     }
@@ -368,9 +376,7 @@ def _info_endpoint(evaluator: Evaluator) -> Callable[[Request], Awaitable[Respon
     Snekbox answers 404), so that a gateway in front of it knows whether sessions stay live."""
 
     async def info(request: Request) -> Response:
-        config = evaluator.config
-        sessions = {"max": config.session_limit, "idle_timeout": config.session_idle_timeout}
-        return JSONResponse({"sessions": sessions, "time_limit": config.time_limit})
+        return JSONResponse(evaluator.info().to_json())
 
     return info
 

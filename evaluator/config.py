@@ -107,6 +107,22 @@ class EvaluatorConfig(ExplicitSettings):
             only cost the service time to validate).
         max_request_bytes: The largest request body. ``None``: the working directory's worth
             of files in base64, plus 4 MiB for the code (see :attr:`request_bytes_limit`).
+        packages: Which packages a request may ask for (see :mod:`.packages`): ``off``,
+            ``any``, or a comma-separated allow-list of project names.
+        package_index: Where uv finds them: an index URL, or a directory of wheels.
+            ``None``: the index uv is configured with.
+        package_cache: The directory of the installed sets, kept across restarts. ``None``:
+            ``$XDG_CACHE_HOME/mcp-python-evaluator/packages`` (``~/.cache/...``).
+        package_cache_size: MiB the cache may take (the least recently used sets go first).
+        package_set_size: MiB one installed set may take.
+        package_timeout: Seconds resolving, or installing, one set may take.
+        uv: The uv executable that installs them. ``None``: ``uv`` from PATH, else the binary
+            of the ``uv`` wheel.
+        pythons: The interpreters a request may choose (``executable_path``), as paths or as
+            versions uv finds (``3.12``); the default interpreter is always one. ``None``:
+            those uv finds on this host, one per minor version.
+        python_packages: Installed for each interpreter other than the default, once and
+            cached, so that each offers the same data packages (from the package index).
     """
 
     model_config = SettingsConfigDict(env_prefix="EVALUATOR_")
@@ -200,6 +216,59 @@ class EvaluatorConfig(ExplicitSettings):
             default="working directory in base64 + 4 MiB (68 MiB)",
         ),
     ] = None
+
+    packages: Annotated[
+        str,
+        Flag("packages a request may ask for: off, any, or a comma-separated allow-list"),
+    ] = "any"
+    package_index: Annotated[
+        str | None,
+        Flag("index URL or directory of wheels for packages", default="uv's configured index"),
+    ] = None
+    package_cache: Annotated[
+        str | None,
+        Flag("directory of installed package sets", default="~/.cache/mcp-python-evaluator"),
+    ] = None
+    package_cache_size: Annotated[
+        int, Field(ge=1, le=_TiB_IN_MiB), Flag("MiB the package cache may take")
+    ] = 4096
+    package_set_size: Annotated[
+        int, Field(ge=1, le=_TiB_IN_MiB), Flag("MiB one installed package set may take")
+    ] = 512
+    package_timeout: Annotated[
+        float, Field(gt=0, le=_DAY), Flag("seconds resolving or installing one set may take")
+    ] = 120.0
+    uv: Annotated[str | None, Flag("the uv executable", default="uv from PATH or its wheel")] = None
+    pythons: Annotated[
+        tuple[str, ...] | None,
+        Flag(
+            "interpreters a run may choose, comma-separated paths or versions",
+            default="those uv finds",
+        ),
+    ] = None
+    python_packages: Annotated[
+        tuple[str, ...],
+        Flag(
+            "installed for every interpreter but the default, comma-separated; empty: none",
+            default="numpy,pandas,matplotlib",
+            empty=True,
+        ),
+    ] = ("numpy", "pandas", "matplotlib")
+
+    @field_validator("pythons", "python_packages", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
+    @field_validator("packages")
+    @classmethod
+    def _package_policy(cls, value: str) -> str:
+        from .packages import Policy
+
+        Policy.parse(value)
+        return value
 
     @field_validator("unsandboxed", mode="before")
     @classmethod

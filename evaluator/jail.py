@@ -91,11 +91,13 @@ class SandboxView:
         seccomp: bool,
         readonly_files: Sequence[tuple[str, str]] = (),
         empty_file: str | None = None,
+        env: Sequence[tuple[str, str]] = (),
     ) -> list[str]:
         """The complete command line running ``command`` in ``workdir`` (``/home`` inside).
 
         ``readonly_files`` are ``(host path, sandbox path)`` pairs bound read-only;
-        ``empty_file``, an empty host file, covers the ``/proc`` files that tell of the host.
+        ``empty_file``, an empty host file, covers the ``/proc`` files that tell of the host;
+        ``env`` is added to the environment of every run.
         """
         argv = [
             self.bwrap,
@@ -109,7 +111,7 @@ class SandboxView:
             "--die-with-parent", "--new-session",
             "--clearenv",
         ]  # fmt: skip
-        for name, value in self.env:
+        for name, value in (*self.env, *env):
             argv += ["--setenv", name, value]
         for path in self.readonly_paths:
             argv += ["--ro-bind", path, path]

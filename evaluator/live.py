@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from snekbox_client import EndedBy, EvalRequest, EvalResult
@@ -33,6 +33,7 @@ from .cgroups import RunCgroup
 from .config import EvaluatorConfig
 from .errors import SessionNotFound
 from .jail import INVALID_UTF8, Outcome, decode_output
+from .packages import Layer, PackageRefused
 from .pool import Sandbox, SandboxPool
 from .workdir import CollectError, WriteError
 
@@ -52,6 +53,7 @@ _CLOSE_TIMEOUT = 10.0
 class _Session:
     id: str
     sandbox: Sandbox
+    executable: str
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     retired: bool = False
@@ -62,21 +64,24 @@ class LiveSessions:
 
     Args:
         pool: Where their sandboxes come from, and go back to be disposed of.
-        agent_argv: bwrap's command line of a session's agent in a working directory.
+        agent_argv: bwrap's command line of a session's agent, for a sandbox and interpreter.
         config: The limits (time, output, files) and the sessions' own settings.
         ended_by: Which limit ended a cell whose interpreter died, read from its cgroup (a
             memory kill is told from the code's own SIGKILL there).
+        add_layers: Makes package layers importable by the session's next cell.
     """
 
     def __init__(
         self,
         pool: SandboxPool,
-        agent_argv: Callable[[Sandbox], list[str]],
+        agent_argv: Callable[[Sandbox, str], list[str]],
         config: EvaluatorConfig,
         ended_by: Callable[[Outcome, RunCgroup | None], EndedBy | None],
+        add_layers: Callable[[Sandbox, Sequence[Layer]], Awaitable[None]],
     ) -> None:
         self._pool = pool
         self._agent_argv = agent_argv
+        self._add_layers = add_layers
         self._config = config
         self._ended_by = ended_by
         self._open: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
@@ -99,9 +104,17 @@ class LiveSessions:
         return session is not None or session_id in self._starting
 
     async def run(
-        self, session_id: str, args: list[str], request: EvalRequest, time_limit: float
+        self,
+        session_id: str,
+        args: list[str],
+        request: EvalRequest,
+        time_limit: float,
+        executable: str,
+        layers: Sequence[Layer] = (),
     ) -> EvalResult:
-        """Run ``args`` (the interpreter's arguments) as a cell of the session ``session_id``.
+        """Run ``args`` (the interpreter's arguments) as a cell of the session ``session_id``,
+        whose interpreter is ``executable`` (a new session's; a later cell must name the same),
+        with ``layers`` importable from this cell on.
 
         Raises:
             SessionNotFound: the request resumes a session not live here (any more: it may
@@ -113,7 +126,14 @@ class LiveSessions:
         if session is None:
             if request.session_resume and session_id not in self._starting:
                 raise SessionNotFound(session_id)
-            session = await self._start(session_id)
+            session = await self._start(session_id, executable)
+        if session.executable != executable:
+            return EvalResult(
+                f"this session's interpreter is {session.executable}, not {executable}: a "
+                "session keeps its interpreter (start a new session for another)",
+                None,
+                session_ended=False,
+            )
         async with session.lock:
             if session.retired and request.session_resume:
                 raise SessionNotFound(session_id)
@@ -124,7 +144,7 @@ class LiveSessions:
             self._open.move_to_end(session_id)
             ended = True
             try:
-                result = await self._cell(session, args, request, time_limit)
+                result = await self._cell(session, args, request, time_limit, layers)
                 ended = bool(result.session_ended) or self._open.get(session_id) is not session
                 return result
             finally:  # cancelled mid-cell (the client left) or failed: its state is unknown
@@ -133,7 +153,12 @@ class LiveSessions:
                     self._discard(session)
 
     async def _cell(
-        self, session: _Session, args: list[str], request: EvalRequest, time_limit: float
+        self,
+        session: _Session,
+        args: list[str],
+        request: EvalRequest,
+        time_limit: float,
+        layers: Sequence[Layer],
     ) -> EvalResult:
         config = self._config
         workdir = session.sandbox.workdir
@@ -142,6 +167,10 @@ class LiveSessions:
             written = await asyncio.to_thread(workdir.write_files, request.files)
         except (WriteError, CollectError) as exc:
             return EvalResult(str(exc), None, session_ended=False)
+        try:
+            await self._add_layers(session.sandbox, layers)
+        except PackageRefused as exc:
+            return EvalResult(str(exc), None, ended_by="packages_refused", session_ended=False)
         outcome = await session.sandbox.process.run_cell(
             args,
             time_limit=time_limit,
@@ -165,7 +194,7 @@ class LiveSessions:
             return EvalResult(str(exc), None, session_ended=not alive)
         return EvalResult(stdout, outcome.returncode, files, ended_by, not alive)
 
-    async def _start(self, session_id: str) -> _Session:
+    async def _start(self, session_id: str, executable: str) -> _Session:
         """The session's interpreter, started (once, however many runs ask at the same time)."""
         starting = self._starting.get(session_id)
         if starting is not None:
@@ -178,18 +207,20 @@ class LiveSessions:
                 oldest = (idle or list(self._open.values()))[0]
                 log.info("live session ended to make room: %s", oldest.id)
                 self._close(oldest)
-            sandbox = self._pool.take_warm()
-            if sandbox is not None:  # its interpreter started, its modules imported
+            # A warm sandbox runs the default interpreter, its modules imported.
+            default = executable == self._config.executable
+            sandbox = self._pool.take_warm() if default else None
+            if sandbox is not None:
                 if sandbox.cgroup is not None:
                     sandbox.cgroup.foreground()
                 sandbox.process.become_session()
                 self._pool.refill()
             else:
-                sandbox = await self._start_cold()
+                sandbox = await self._start_cold(executable)
             if self._closed:  # the service stopped while it started
                 self._pool.retire(sandbox)
                 raise RuntimeError("the evaluator is stopping")
-            session = _Session(session_id, sandbox)
+            session = _Session(session_id, sandbox, executable)
             self._open[session_id] = session
             future.set_result(session)
             return session
@@ -200,13 +231,13 @@ class LiveSessions:
         finally:
             del self._starting[session_id]
 
-    async def _start_cold(self) -> Sandbox:
+    async def _start_cold(self, executable: str) -> Sandbox:
         sandbox = self._pool.take_for_session()
         asyncio.get_running_loop().call_soon(self._pool.refill)  # not before this start
         try:
             if not await self._pool.ready(sandbox):
                 raise RuntimeError("the session's sandbox did not start")
-            sandbox.process.release(self._agent_argv(sandbox), None)
+            sandbox.process.release(self._agent_argv(sandbox, executable), None)
             first = await sandbox.process.first_output(_START_TIMEOUT)
             if first != WARM:
                 raise RuntimeError(

@@ -34,7 +34,20 @@ from typing import Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-__all__ = ["MEMO_SECONDS", "Layer", "PackageCache", "PackageRefused", "Policy"]
+__all__ = [
+    "IN_SANDBOX",
+    "MEMO_SECONDS",
+    "Layer",
+    "PackageCache",
+    "PackageRefused",
+    "Policy",
+    "default_root",
+    "link_layer",
+    "remove_tree",
+]
+
+#: Where a sandbox finds its layers: each directory below goes on ``sys.path`` (see _agent.py).
+IN_SANDBOX = "/opt/packages"
 
 #: Seconds a requirement list keeps its resolution: ``>=`` may resolve otherwise later.
 MEMO_SECONDS = 600.0
@@ -79,6 +92,13 @@ class Policy:
 
     def allows(self, name: str) -> bool:
         return self.enabled and (self.allowed is None or canonicalize_name(name) in self.allowed)
+
+    @property
+    def kind(self) -> Literal["off", "any", "allow-list"]:
+        """How ``GET /info`` names it."""
+        if not self.enabled:
+            return "off"
+        return "any" if self.allowed is None else "allow-list"
 
 
 @dataclass(frozen=True)
@@ -131,14 +151,18 @@ class PackageCache:
         self._locks: dict[str, asyncio.Lock] = {}
         root.mkdir(parents=True, exist_ok=True)
 
-    async def layer(self, requirements: Sequence[str], python: str) -> Layer:
+    async def layer(
+        self, requirements: Sequence[str], python: str, *, trusted: bool = False
+    ) -> Layer:
         """The layer of ``requirements`` for the interpreter ``python``, installed if need be.
+
+        ``trusted``: the operator's own set (``EVALUATOR_PYTHON_PACKAGES``), not the policy's.
 
         Raises:
             PackageRefused: a requirement is refused, or the set cannot be installed.
         """
         started = time.monotonic()
-        wanted = tuple(sorted(self._checked(r) for r in requirements))
+        wanted = tuple(sorted(self._checked(r, trusted) for r in requirements))
         memo = self._memo.get((python, wanted))
         pins = memo[0] if memo is not None and memo[1] > time.monotonic() else None
         if pins is None:
@@ -158,7 +182,7 @@ class PackageCache:
             self._evict(keep=key)
         return Layer(key, path, pins, time.monotonic() - started, cached)
 
-    def _checked(self, text: str) -> str:
+    def _checked(self, text: str, trusted: bool = False) -> str:
         """``text`` as a PEP 508 requirement the policy allows, normalized.
 
         Raises:
@@ -170,7 +194,7 @@ class PackageCache:
             raise PackageRefused(text, "invalid", f"not a PEP 508 requirement ({exc})") from None
         if requirement.url is not None:
             raise PackageRefused(text, "invalid", "direct URLs are not installed; name a version")
-        if not self.policy.allows(requirement.name):
+        if not trusted and not self.policy.allows(requirement.name):
             allowed = (
                 "package installs are turned off here"
                 if not self.policy.enabled
@@ -221,12 +245,12 @@ class PackageCache:
                 _read_only(staging)
                 final = self.root / key
                 if final.exists():  # an install that did not finish: its marker is missing
-                    _remove(final)
+                    remove_tree(final)
                 staging.rename(final)
                 self.installs += 1
             finally:
                 if staging.exists():
-                    _remove(staging)
+                    remove_tree(staging)
 
     async def _uv(self, args: list[str], stdin: str | None, wanted: Sequence[str]) -> str:
         process = await asyncio.create_subprocess_exec(
@@ -263,15 +287,38 @@ class PackageCache:
             if total <= self.max_total_bytes:
                 break
             size = _size(path)
-            _remove(path)
+            remove_tree(path)
             total -= size
+
+
+def default_root() -> Path:
+    """``$XDG_CACHE_HOME/mcp-python-evaluator/packages`` (``~/.cache`` when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mcp-python-evaluator" / "packages"
+
+
+def link_layer(layer: Layer, directory: Path, order: int) -> bool:
+    """Put ``layer`` into ``directory`` (a sandbox's, bound read-only at :data:`IN_SANDBOX`)
+    as ``NNN-key``, its files hard-linked: no copy, and visible at once to the sandbox's
+    interpreter, which puts it on ``sys.path`` before the next cell. ``False``: it was there.
+
+    Raises:
+        OSError: it cannot be linked (``directory`` is on another file system than the cache).
+    """
+    if any(entry.name.endswith(f"-{layer.key}") for entry in directory.iterdir()):
+        return False
+    shutil.copytree(layer.path, directory / f"{order:03d}-{layer.key}", copy_function=os.link)
+    return True
 
 
 def _refusal(message: str, wanted: Sequence[str]) -> PackageRefused:
     """What uv's error says, as a refusal naming the requirement it names, if any."""
-    text = " ".join(message.split())[:_MESSAGE_CHARS]
+    text = " ".join(message.split())[:_MESSAGE_CHARS].rstrip(".")
     lowered = text.lower()
-    named = next((r for r in wanted if canonicalize_name(Requirement(r).name) in lowered), None)
+    # The requirement uv names: as written (``tinypkg==9.9``), else by its project's name.
+    named = max((r for r in wanted if r.lower() in lowered), key=len, default=None) or next(
+        (r for r in wanted if canonicalize_name(Requirement(r).name) in lowered), None
+    )
     if any(s in lowered for s in ("no wheels", "wheels are required", "from source is disabled")):
         why: Why = "no wheel"
     elif "not found" in lowered or "no solution" in lowered or "no versions" in lowered:
@@ -299,7 +346,7 @@ def _read_only(path: Path) -> None:
             os.chmod(os.path.join(root, name), 0o555)
 
 
-def _remove(path: Path) -> None:
+def remove_tree(path: Path) -> None:
     """Remove a layer (read-only, see :func:`_read_only`) or a staging directory."""
     for root, dirs, _ in os.walk(path):
         os.chmod(root, 0o755)

@@ -72,6 +72,7 @@ class SandboxPool:
             of unsandboxed runs, whose home and temporary directories are then set to the
             working directory's host path.
         ready: Sandboxes kept prepared while idle (0: each run prepares its own).
+        on_dispose: Called with each sandbox disposed of, once its processes are gone.
     """
 
     def __init__(
@@ -87,8 +88,10 @@ class SandboxPool:
         seccomp_program: bytes | None,
         host_env: Mapping[str, str] | None,
         ready: int,
+        on_dispose: Callable[[Sandbox], None] | None = None,
     ) -> None:
         self._root = root
+        self._on_dispose = on_dispose
         self._cgroups = cgroups
         self._users = users
         self._covers = covers
@@ -246,6 +249,11 @@ class SandboxPool:
             await asyncio.to_thread(sandbox.workdir.remove)
         except OSError:
             log.exception("could not remove the working directory %s", sandbox.workdir.path)
+        if self._on_dispose is not None:
+            try:
+                self._on_dispose(sandbox)
+            except OSError:
+                log.exception("could not clean up after the sandbox %s", sandbox.workdir.path)
         # Its processes are gone (reaped, and the cgroup emptied): the uid may serve again.
         # A cgroup still busy keeps its uid out of use, so no two runs ever share one.
         if emptied:

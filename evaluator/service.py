@@ -13,14 +13,16 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import shutil
 import signal
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
-from snekbox_client import EndedBy, EvalRequest, EvalResult
+from snekbox_client import EndedBy, EvalRequest, EvalResult, Python, ServiceInfo
 
 from . import bytecode, limits, seccomp
 from .cgroups import Cgroups, RunCgroup
@@ -37,7 +39,18 @@ from .host import (
 from .jail import INVALID_UTF8, Outcome, SandboxView, decode_output
 from .live import LiveSessions
 from .models import Limit
+from .packages import (
+    IN_SANDBOX,
+    Layer,
+    PackageCache,
+    PackageRefused,
+    Policy,
+    default_root,
+    link_layer,
+    remove_tree,
+)
 from .pool import Sandbox, SandboxPool
+from .pythons import Interpreter, find_uv, interpreters
 from .users import RunUsers, covers
 from .workdir import CollectError, Workdir, WorkdirRoot, WriteError
 
@@ -53,6 +66,8 @@ _AGENT_IN_SANDBOX = "/run/evaluator/agent.py"
 _PROBE = "import sys; print('ok')"
 # Builds matplotlib's font list once, so that runs do not rebuild it (~150 ms each).
 _FONTLIST = "import matplotlib.font_manager"
+# In the package cache: each evaluator's directory of its sandboxes' layer directories.
+_SANDBOXES = ".sandboxes"
 
 
 class Evaluator:
@@ -92,6 +107,12 @@ class Evaluator:
         self._fontlist: tuple[str, str] | None = None
         self._empty_file: str | None = None
         self._agent_file = ""
+        self._pythons: tuple[Interpreter, ...] = ()
+        self._packages: PackageCache | None = None
+        self._packages_off = "turned off by configuration (EVALUATOR_PACKAGES=off)"
+        # The preinstalled set of each interpreter but the default (python_packages).
+        self._base_layers: dict[str, asyncio.Task[Layer | None]] = {}
+        self._sandbox_layers = Path("/nonexistent")  # this evaluator's, in the package cache
 
     async def __aenter__(self) -> Evaluator:
         await self.start()
@@ -122,9 +143,12 @@ class Evaluator:
                 "Never expose this service.",
                 os.geteuid(),
             )
-        else:
+        uv = find_uv(config.uv)
+        self._pythons = await asyncio.to_thread(interpreters, config.executable, config.pythons, uv)
+        if not config.unsandboxed:
             check_prerequisites(config.bwrap)
-            self._view = sandbox_view(config)
+            self._view = sandbox_view(config, [p.path for p in self._pythons[1:]])
+        self._packages = self._package_cache(uv)
         self._users = RunUsers.for_service(config.sandbox_uid, config.sandbox_uids)
         self._cgroups = Cgroups.detect(
             config.cgroup_name, config.memory_limit * MiB, config.pids_limit, config.cpu_limit
@@ -160,6 +184,11 @@ class Evaluator:
         for limit in self.limits_in_force():
             log.log(logging.INFO if limit.enforced else logging.WARNING, "limit %s", limit)
         pool.refill()
+        if self._packages is not None and config.python_packages:
+            for python in self._pythons[1:]:
+                self._base_layers[python.path] = asyncio.ensure_future(
+                    self._base_layer(self._packages, python)
+                )
         if not config.unsandboxed:
             self._fontlist_task = asyncio.ensure_future(self._build_fontlist(pool))
         self._bytecode_task = asyncio.ensure_future(asyncio.to_thread(self._check_bytecode))
@@ -183,6 +212,63 @@ class Evaluator:
                 root.launchers_mount = False
                 await pool.aclose()
 
+    def _package_cache(self, uv: str | None) -> PackageCache | None:
+        """The cache of package layers, or ``None`` (and why, in ``_packages_off``)."""
+        config = self.config
+        policy = Policy.parse(config.packages)
+        if not policy.enabled:
+            return None
+        if config.unsandboxed:
+            self._packages_off = "the evaluator runs unsandboxed"
+            return None
+        if uv is None:
+            self._packages_off = "uv is not found on the evaluator's host (set EVALUATOR_UV)"
+            log.warning("no package can be installed: %s", self._packages_off)
+            return None
+        root = Path(config.package_cache) if config.package_cache else default_root()
+        sandboxes = root / _SANDBOXES
+        try:
+            sandboxes.mkdir(parents=True, exist_ok=True)
+            root.chmod(0o755)  # the runs' users traverse it to their own layers
+            sandboxes.chmod(0o755)
+            _sweep(sandboxes)
+            own = sandboxes / f"{os.getpid()}-{secrets.token_hex(4)}"
+            own.mkdir(mode=0o755)
+        except OSError as exc:
+            self._packages_off = f"the package cache {root} cannot be made: {exc}"
+            log.warning("no package can be installed: %s", self._packages_off)
+            return None
+        self._sandbox_layers = own
+        index = config.package_index
+        if index is None:
+            index_args: list[str] = []
+        elif os.path.isdir(index):
+            index_args = ["--no-index", "--find-links", os.path.abspath(index)]
+        else:
+            index_args = ["--index-url", index]
+        return PackageCache(
+            root,
+            uv=uv,
+            policy=policy,
+            index_args=index_args,
+            max_layer_bytes=config.package_set_size * MiB,
+            max_total_bytes=config.package_cache_size * MiB,
+            timeout=config.package_timeout,
+        )
+
+    async def _base_layer(self, cache: PackageCache, python: Interpreter) -> Layer | None:
+        """``python_packages`` for ``python``, so that it offers what the default one does."""
+        wanted = self.config.python_packages
+        try:
+            layer = await cache.layer(wanted, python.path, trusted=True)
+        except PackageRefused as exc:
+            log.warning(
+                "Python %s is offered without %s: %s", python.version, ", ".join(wanted), exc
+            )
+            return None
+        log.info("Python %s has %s (%.1f s)", python.version, " ".join(layer.pins), layer.seconds)
+        return layer
+
     def _make_pool(self) -> SandboxPool:
         config, root = self.config, self._root
         assert root is not None
@@ -201,8 +287,9 @@ class Evaluator:
             seccomp_program=self._seccomp,
             host_env=environment(config) if config.unsandboxed else None,
             ready=config.concurrency if config.prewarm else 0,
+            on_dispose=self._remove_packages_dir,
         )
-        self._live = LiveSessions(pool, self._session_argv, config, _ended_by)
+        self._live = LiveSessions(pool, self._session_argv, config, _ended_by, self._add_layers)
         return pool
 
     async def run(self, request: EvalRequest) -> EvalResult:
@@ -224,13 +311,30 @@ class Evaluator:
         command = [self._executable(request.executable_path), *_lstrip_empty(request.argv)]
         if any("\0" in arg for arg in command):
             return EvalResult("ValueError: embedded null byte", None)
+        try:
+            layers = await self._layers(request.packages, command[0])
+        except PackageRefused as exc:
+            return EvalResult(_refused(exc), None, ended_by="packages_refused")
+        result = await self._run_with(command, request, layers)
+        if not request.packages:
+            return result
+        asked = layers[0]
+        return replace(result, installed=asked.pins, install_seconds=round(asked.seconds, 4))
+
+    async def _run_with(
+        self, command: list[str], request: EvalRequest, layers: list[Layer]
+    ) -> EvalResult:
+        pool = self._pool
+        assert pool is not None
         if request.session is not None:
-            return await self._run_in_session(request.session, command, request)
+            return await self._run_in_session(request.session, command, request, layers)
         async with self._slot():
-            sandbox = pool.take_warm() if self._warm_eligible(command) else None
-            sandbox = sandbox or pool.take()
+            # A warm agent has imported numpy and the rest already: a run with packages of
+            # its own (which may be other versions of those) starts cold.
+            warm = self._warm_eligible(command) and not layers
+            sandbox = (pool.take_warm() if warm else None) or pool.take()
             try:
-                return await self._run_in(sandbox, command, request)
+                return await self._run_in(sandbox, command, request, layers)
             except BaseException:
                 # Cancelled, or failed: kill now rather than when the disposal gets its turn
                 # (the event loop may be shutting down and never run it).
@@ -238,6 +342,42 @@ class Evaluator:
                 raise
             finally:
                 pool.retire(sandbox)
+
+    async def _layers(self, packages: Sequence[str], executable: str) -> list[Layer]:
+        """The layers a run of ``executable`` gets: the set it asks for (first), then its
+        interpreter's preinstalled set, if it is not the default one.
+
+        Raises:
+            PackageRefused: the asked-for set cannot be installed.
+        """
+        layers = []
+        if packages:
+            if self._packages is None:
+                raise PackageRefused(packages[0], "not allowed", self._packages_off)
+            layers.append(await self._packages.layer(packages, executable))
+        base = self._base_layers.get(executable)
+        if base is not None:
+            found = await asyncio.shield(base)
+            if found is not None:
+                layers.append(found)
+        return layers
+
+    def info(self) -> ServiceInfo:
+        """What ``GET /info`` says: sessions, limits, interpreters and the package policy."""
+        config, cache = self.config, self._packages
+        return ServiceInfo(
+            max_sessions=config.session_limit,
+            session_idle_timeout=config.session_idle_timeout,
+            time_limit=config.time_limit,
+            pythons=tuple(Python(p.version, p.path) for p in self._pythons),
+            packages="off" if cache is None else cache.policy.kind,
+            allowed=() if cache is None else tuple(sorted(cache.policy.allowed or ())),
+        )
+
+    @property
+    def packages_off(self) -> str | None:
+        """Why this evaluator installs no packages (``None``: it does)."""
+        return None if self._packages is not None else self._packages_off
 
     async def end_session(self, session: str) -> None:
         """End a live session now (see :mod:`.live`); one it does not hold is no error."""
@@ -250,14 +390,14 @@ class Evaluator:
         return self._live.count if self._live is not None else 0
 
     async def _run_in_session(
-        self, session: str, command: list[str], request: EvalRequest
+        self, session: str, command: list[str], request: EvalRequest, layers: list[Layer]
     ) -> EvalResult:
         live = self._live
         if live is None or self.config.session_limit == 0:
             return EvalResult("sessions are turned off (EVALUATOR_MAX_SESSIONS=0)", None)
-        if not self._warm_eligible(command):
+        if not self._runs_as_agent(command):
             return EvalResult(
-                "a session runs the default interpreter with -c CODE or a script, and no "
+                "a session runs an offered interpreter with -c CODE or a script, and no "
                 "other option",
                 None,
             )
@@ -266,20 +406,58 @@ class Evaluator:
         time_limit = min(request.time_limit or self.config.time_limit, self.config.time_limit)
         async with self._slot():
             try:
-                return await live.run(session, command[1:], request, time_limit)
+                return await live.run(session, command[1:], request, time_limit, command[0], layers)
             except (OSError, RuntimeError) as exc:
                 log.warning("a live session could not start: %s", exc)
                 return EvalResult(f"the session's interpreter could not start: {exc}", None)
 
-    def _session_argv(self, sandbox: Sandbox) -> list[str]:
+    def _session_argv(self, sandbox: Sandbox, executable: str) -> list[str]:
         """bwrap's command line of a session's agent started cold (see :mod:`.live`).
 
         It imports nothing ahead: its first cell waits for it, and imports only what it uses,
         as a cold one-shot run does (the warm sandboxes that sessions take have imported
         ``preimport`` while nothing waited)."""
         agent = _AGENT_IN_SANDBOX if self._view is not None else self._agent_file
-        command = [self.config.executable, agent, "--session"]
-        return self._argv(command, sandbox.workdir, [(self._agent_file, _AGENT_IN_SANDBOX)])
+        command = [executable, agent, "--session"]
+        return self._argv(command, sandbox.workdir, self._agent_binds(sandbox.workdir))
+
+    def _agent_binds(self, workdir: Workdir) -> list[tuple[str, str]]:
+        """The agent's file, and the sandbox's own directory of package layers (empty: a
+        session fills it, see :meth:`_add_layers`)."""
+        binds = [(self._agent_file, _AGENT_IN_SANDBOX)]
+        if self._packages is not None and self._view is not None:
+            directory = self._packages_dir(workdir)
+            directory.mkdir(mode=0o755, exist_ok=True)
+            binds.append((str(directory), IN_SANDBOX))
+        return binds
+
+    def _packages_dir(self, workdir: Workdir) -> Path:
+        return self._sandbox_layers / workdir.path.name
+
+    async def _add_layers(self, sandbox: Sandbox, layers: Sequence[Layer]) -> None:
+        """Link ``layers`` into a session's directory, where its next cell finds them.
+
+        Raises:
+            PackageRefused: the session's sandbox has no such directory (no package cache).
+        """
+        if not layers:
+            return
+        if self._packages is None or self._view is None:
+            raise PackageRefused(None, "failed", "this evaluator installs no packages")
+        directory = self._packages_dir(sandbox.workdir)
+        order = len(list(directory.iterdir())) if directory.exists() else 0
+        for offset, layer in enumerate(reversed(layers)):  # the asked-for set last: it wins
+            try:
+                await asyncio.to_thread(link_layer, layer, directory, order + offset)
+            except OSError as exc:
+                log.warning("could not link a package layer into a session: %s", exc)
+                raise PackageRefused(None, "failed", "the layer could not be added") from exc
+
+    def _remove_packages_dir(self, sandbox: Sandbox) -> None:
+        if self._packages is not None:
+            directory = self._packages_dir(sandbox.workdir)
+            if directory.exists():
+                remove_tree(directory)
 
     async def aclose(self) -> None:
         """Stop: wait for the runs' clean-up, remove every sandbox, the cgroups and directories."""
@@ -294,6 +472,12 @@ class Evaluator:
         if self._bytecode_task is not None:  # a thread: it cannot be cancelled
             await asyncio.gather(self._bytecode_task, return_exceptions=True)
             self._bytecode_task = None
+        for task in self._base_layers.values():
+            task.cancel()
+        await asyncio.gather(*self._base_layers.values(), return_exceptions=True)
+        self._base_layers.clear()
+        if self._packages is not None and self._sandbox_layers.exists():
+            remove_tree(self._sandbox_layers)
         self._pool = None
         self._users.close()
         if self._root is not None:
@@ -342,7 +526,7 @@ class Evaluator:
             self._slots.release()
 
     async def _run_in(
-        self, sandbox: Sandbox, command: list[str], request: EvalRequest
+        self, sandbox: Sandbox, command: list[str], request: EvalRequest, layers: list[Layer]
     ) -> EvalResult:
         config = self.config
         assert self._pool is not None
@@ -358,7 +542,11 @@ class Evaluator:
                 sandbox.cgroup.foreground()
             sandbox.process.deliver(command[1:], time_limit)
         else:
-            sandbox.process.release(self._argv(command, sandbox.workdir), time_limit)
+            binds = [(str(layer.path), f"{IN_SANDBOX}/{layer.key}") for layer in layers]
+            path = ":".join(sandbox_path for _, sandbox_path in binds)
+            env = [("PYTHONPATH", path)] if path else []
+            argv = self._argv(command, sandbox.workdir, binds, env)
+            sandbox.process.release(argv, time_limit)
         outcome = await sandbox.process.wait(config.output_limit)
         stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
         if stdout is None:
@@ -376,7 +564,11 @@ class Evaluator:
         return EvalResult(stdout, outcome.returncode, files, _ended_by(outcome, sandbox.cgroup))
 
     def _argv(
-        self, command: list[str], workdir: Workdir, extra: Sequence[tuple[str, str]] = ()
+        self,
+        command: list[str],
+        workdir: Workdir,
+        extra: Sequence[tuple[str, str]] = (),
+        env: Sequence[tuple[str, str]] = (),
     ) -> list[str]:
         if self._view is None:
             return command
@@ -386,12 +578,18 @@ class Evaluator:
             seccomp=self._seccomp is not None,
             readonly_files=[*([self._fontlist] if self._fontlist else []), *extra],
             empty_file=self._empty_file,
+            env=env,
         )
 
     def _warm_eligible(self, command: list[str]) -> bool:
         """Whether a warm agent runs ``command`` as the interpreter would: the default
         interpreter given ``-c CODE`` or a ``.py`` script, and no other option."""
-        if command[0] != self.config.executable or len(command) < 2:
+        return command[0] == self.config.executable and self._runs_as_agent(command)
+
+    def _runs_as_agent(self, command: list[str]) -> bool:
+        """Whether the agent runs ``command`` as its interpreter would: an offered interpreter
+        given ``-c CODE`` or a ``.py`` script, and no other option."""
+        if command[0] not in {p.path for p in self._pythons} or len(command) < 2:
             return False
         first = command[1]
         return (first == "-c" and len(command) > 2) or (
@@ -401,7 +599,7 @@ class Evaluator:
     def _agent_argv(self, workdir: Workdir) -> list[str]:
         """bwrap's command line of a warm sandbox: the agent, with the modules it imports."""
         command = [self.config.executable, _AGENT_IN_SANDBOX, *self.config.preimport]
-        return self._argv(command, workdir, [(self._agent_file, _AGENT_IN_SANDBOX)])
+        return self._argv(command, workdir, self._agent_binds(workdir))
 
     def _executable(self, path: str | None) -> str:
         if path is None:
@@ -420,10 +618,11 @@ class Evaluator:
 
     def _covers(self, root: WorkdirRoot) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """What the runs' own uid could not reach on the host, to be covered (see users.py)."""
+        cache = [str(self._packages.root)] if self._packages is not None else []
         if self._view is None:
-            return covers([*interpreter_paths(self.config.executable), str(root.path)])
+            return covers([*interpreter_paths(self.config.executable), str(root.path), *cache])
         bwrap_dir = os.path.dirname(self._view.bwrap)
-        return covers([*self._view.readonly_paths, bwrap_dir, str(root.path)])
+        return covers([*self._view.readonly_paths, bwrap_dir, str(root.path), *cache])
 
     async def _probe(self) -> None:
         """A first run, to prove the whole sandbox works on this machine."""
@@ -515,6 +714,26 @@ def _ended_by(outcome: Outcome, cgroup: RunCgroup | None) -> EndedBy | None:
     if kills is None:
         return None
     return "memory_limit" if kills else "exit"
+
+
+def _refused(exc: PackageRefused) -> str:
+    """A refusal, as the answer's ``stdout`` says it."""
+    if exc.requirement is None:
+        return (
+            f"The packages could not be installed ({exc.why}): {exc.detail}. The code did not run."
+        )
+    return (
+        f"The package requirement {exc.requirement!r} was refused ({exc.why}): {exc.detail}. "
+        "The code did not run."
+    )
+
+
+def _sweep(sandboxes: Path) -> None:
+    """Remove the layer directories of evaluators that are gone (their pid is not alive)."""
+    for directory in sandboxes.iterdir():
+        pid = directory.name.split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            remove_tree(directory)
 
 
 def _lstrip_empty(args: tuple[str, ...]) -> list[str]:

@@ -36,6 +36,9 @@ from ._exceptions import (
 from ._models import (
     CONTENT_WANTED_FIELD,
     ENDED_BY_FIELD,
+    INSTALL_SECONDS_FIELD,
+    INSTALLED_FIELD,
+    PACKAGES_FIELD,
     SESSION_ENDED_FIELD,
     SESSION_FIELD,
     SESSION_RESUME_FIELD,
@@ -45,6 +48,7 @@ from ._models import (
     EvalRequest,
     EvalResult,
     File,
+    Python,
     ServiceInfo,
 )
 
@@ -52,6 +56,9 @@ __all__ = [
     "CONTENT_WANTED_FIELD",
     "DEFAULT_TIMEOUT",
     "ENDED_BY_FIELD",
+    "INSTALLED_FIELD",
+    "INSTALL_SECONDS_FIELD",
+    "PACKAGES_FIELD",
     "REPLICA",
     "SESSION_ENDED_FIELD",
     "SESSION_FIELD",
@@ -70,6 +77,7 @@ __all__ = [
     "EvaluatorUnavailable",
     "File",
     "InvalidResponse",
+    "Python",
     "ReplicaGone",
     "Resolver",
     "ServiceInfo",

@@ -22,11 +22,15 @@ from typing import Any
 from ._exceptions import InvalidResponse
 from ._models import (
     ENDED_BY_FIELD,
+    INSTALL_SECONDS_FIELD,
+    INSTALLED_FIELD,
     SESSION_ENDED_FIELD,
     ContentWanted,
     EvalResult,
     File,
     ended_by_from_answer,
+    install_seconds_from_answer,
+    installed_from_answer,
     session_ended_from_answer,
 )
 
@@ -114,6 +118,8 @@ class AnswerReader:
         # A scalar, a string's raw body (bytearray), or a container ([]): checked by result().
         self._ended_by: Any = None
         self._session_ended: Any = None  # a scalar; a string or container is "invalid"
+        self._installed: Any = None  # like _ended_by
+        self._install_seconds: Any = None  # like _session_ended
         self._entries: list[_Entry] = []
 
     # -- feeding ---------------------------------------------------------------------------
@@ -173,7 +179,18 @@ class AnswerReader:
         if isinstance(ended_by, bytearray):
             ended_by = _decode_string(ended_by)
         session_ended = session_ended_from_answer(self._session_ended)
-        return EvalResult(stdout, returncode, files, ended_by_from_answer(ended_by), session_ended)
+        installed = self._installed
+        if isinstance(installed, bytearray):
+            installed = _decode_string(installed)
+        return EvalResult(
+            stdout,
+            returncode,
+            files,
+            ended_by_from_answer(ended_by),
+            session_ended,
+            installed_from_answer(installed),
+            install_seconds_from_answer(self._install_seconds),
+        )
 
     # -- the tokenizer ---------------------------------------------------------------------
 
@@ -290,6 +307,12 @@ class AnswerReader:
         elif parent == _TOP and key == SESSION_ENDED_FIELD:
             self._session_ended = []
             role = _IGNORED
+        elif parent == _TOP and key == INSTALLED_FIELD:
+            self._installed = []
+            role = _IGNORED
+        elif parent == _TOP and key == INSTALL_SECONDS_FIELD:
+            self._install_seconds = []
+            role = _IGNORED
         elif parent == _FILES:
             if not is_object:
                 raise InvalidResponse("a file entry is not an object")
@@ -324,6 +347,10 @@ class AnswerReader:
             self._ended_by = value
         elif role == _TOP and key == SESSION_ENDED_FIELD:
             self._session_ended = value
+        elif role == _TOP and key == INSTALLED_FIELD:
+            self._installed = value
+        elif role == _TOP and key == INSTALL_SECONDS_FIELD:
+            self._install_seconds = value
         elif role == _TOP and key == "files":
             raise InvalidResponse("'files' is not a list")
         elif role == _FILES:
@@ -348,6 +375,11 @@ class AnswerReader:
             self._ended_by = bytearray()
         elif role == _TOP and key == SESSION_ENDED_FIELD:
             self._session_ended = ""  # a string: not a boolean
+        elif role == _TOP and key == INSTALLED_FIELD:
+            target = INSTALLED_FIELD
+            self._installed = bytearray()
+        elif role == _TOP and key == INSTALL_SECONDS_FIELD:
+            self._install_seconds = ""  # a string: not a number
         elif role == _TOP and key == "files":
             raise InvalidResponse("'files' is not a list")
         elif role == _FILES:
@@ -388,6 +420,9 @@ class AnswerReader:
         elif target == ENDED_BY_FIELD and isinstance(self._ended_by, bytearray):
             self._count_text(len(chunk))
             self._ended_by += chunk
+        elif target == INSTALLED_FIELD and isinstance(self._installed, bytearray):
+            self._count_text(len(chunk))
+            self._installed += chunk
         elif target == "path" and (path := self._entries[-1].path) is not None:
             self._count_text(len(chunk))
             path += chunk

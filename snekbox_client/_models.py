@@ -6,6 +6,7 @@ import base64
 import binascii
 import fnmatch
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -15,6 +16,9 @@ from ._exceptions import InvalidResponse
 __all__ = [
     "CONTENT_WANTED_FIELD",
     "ENDED_BY_FIELD",
+    "INSTALLED_FIELD",
+    "INSTALL_SECONDS_FIELD",
+    "PACKAGES_FIELD",
     "SESSION_ENDED_FIELD",
     "SESSION_FIELD",
     "SESSION_RESUME_FIELD",
@@ -24,6 +28,7 @@ __all__ = [
     "EvalRequest",
     "EvalResult",
     "File",
+    "Python",
     "ServiceInfo",
 ]
 
@@ -40,14 +45,22 @@ SESSION_ENDED_FIELD = "session_ended"
 #: The request field of :attr:`EvalRequest.session_resume`.
 SESSION_RESUME_FIELD = "session_resume"
 
+#: The request field of :attr:`EvalRequest.packages`, and the answer's of
+#: :attr:`EvalResult.installed` (the pins, space-separated) and :attr:`EvalResult.install_seconds`:
+#: packages installed outside the sandbox by the built-in evaluator (Snekbox has no such thing).
+PACKAGES_FIELD = "packages"
+INSTALLED_FIELD = "installed"
+INSTALL_SECONDS_FIELD = "install_seconds"
+
 #: The answer field of :data:`EndedBy`: this project's extension of Snekbox's answer, which the
 #: built-in evaluator sends and Snekbox does not.
 ENDED_BY_FIELD = "ended_by"
 
 #: What ended a run: the code itself (``"exit"``: it exited, or died of a signal that no limit
 #: sent), or the limit named. A 137 is ``"time_limit"`` or ``"memory_limit"``, a 143
-#: ``"output_limit"``, unless the code killed itself with that signal.
-EndedBy = Literal["exit", "time_limit", "memory_limit", "output_limit"]
+#: ``"output_limit"``, unless the code killed itself with that signal. ``"packages_refused"``:
+#: it never started, a requested package could not be installed (``stdout`` says which, why).
+EndedBy = Literal["exit", "time_limit", "memory_limit", "output_limit", "packages_refused"]
 _ENDED_BY: tuple[EndedBy, ...] = get_args(EndedBy)
 
 
@@ -150,6 +163,8 @@ class EvalRequest:
     does not hold; Snekbox ignores the field and runs it one-shot). ``session_resume``: the
     session must be live already: the built-in evaluator answers 404 "Session not found"
     rather than start a fresh interpreter, so that lost variables are never a surprise.
+    ``packages``: PEP 508 requirements the built-in evaluator installs outside the sandbox and
+    puts on ``sys.path`` (in a session, for the rest of it); Snekbox ignores the field.
     """
 
     input: str | None = None
@@ -160,6 +175,7 @@ class EvalRequest:
     time_limit: float | None = None
     session: str | None = None
     session_resume: bool = False
+    packages: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.input is None and self.args is None:
@@ -192,6 +208,8 @@ class EvalRequest:
             body[SESSION_FIELD] = self.session
         if self.session_resume:
             body[SESSION_RESUME_FIELD] = True
+        if self.packages:
+            body[PACKAGES_FIELD] = list(self.packages)
         return body
 
 
@@ -214,6 +232,10 @@ class EvalResult:
     ended_by: EndedBy | None = None
     #: For a run in a session: whether its interpreter ended with it (``None``: not a session).
     session_ended: bool | None = None
+    #: The pins of the packages installed for it (``None``: it asked for none).
+    installed: tuple[str, ...] | None = None
+    #: Seconds the install took, outside the run's time limit (``None``: none asked for).
+    install_seconds: float | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> EvalResult:
@@ -239,6 +261,8 @@ class EvalResult:
             files=tuple(map(_parse_file, raw_files)),
             ended_by=ended_by_from_answer(data.get(ENDED_BY_FIELD)),
             session_ended=session_ended_from_answer(data.get(SESSION_ENDED_FIELD)),
+            installed=installed_from_answer(data.get(INSTALLED_FIELD)),
+            install_seconds=install_seconds_from_answer(data.get(INSTALL_SECONDS_FIELD)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -254,7 +278,46 @@ class EvalResult:
             body[ENDED_BY_FIELD] = self.ended_by
         if self.session_ended is not None:
             body[SESSION_ENDED_FIELD] = self.session_ended
+        if self.installed is not None:
+            body[INSTALLED_FIELD] = " ".join(self.installed)
+        if self.install_seconds is not None:
+            body[INSTALL_SECONDS_FIELD] = self.install_seconds
         return body
+
+
+#: Pins an answer's ``installed`` may list, and the characters of one.
+_MAX_PINS, _MAX_PIN_CHARS = 500, 200
+
+
+def installed_from_answer(value: Any) -> tuple[str, ...] | None:
+    """The answer's ``installed``: pins separated by spaces (absent or null: ``None``).
+
+    Raises:
+        InvalidResponse: it is not a string of at most 500 pins of ``name==version``.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidResponse(f"'{INSTALLED_FIELD}' is neither a string nor null")
+    pins = tuple(value.split())
+    if len(pins) > _MAX_PINS or not all(
+        len(pin) <= _MAX_PIN_CHARS and pin.count("==") == 1 and pin.isprintable() for pin in pins
+    ):
+        raise InvalidResponse(f"'{INSTALLED_FIELD}' is not a list of name==version pins")
+    return pins
+
+
+def install_seconds_from_answer(value: Any) -> float | None:
+    """The answer's ``install_seconds`` (absent or null: ``None``).
+
+    Raises:
+        InvalidResponse: it is not a non-negative number.
+    """
+    if value is None:
+        return None
+    if not _is_number(value) or value < 0:
+        raise InvalidResponse(f"'{INSTALL_SECONDS_FIELD}' is not a non-negative number")
+    return float(value)
 
 
 def session_ended_from_answer(value: Any) -> bool | None:
@@ -320,23 +383,56 @@ def file_from_answer(path: str, content: str, size: Any) -> File:
 
 
 @dataclass(frozen=True)
+class Python:
+    """An interpreter a service offers: ``executable_path`` runs Python ``version``."""
+
+    version: str
+    executable_path: str
+
+
+#: Interpreters and allowed package names a ``GET /info`` answer may list, and their length.
+_MAX_PYTHONS, _MAX_ALLOWED, _MAX_NAME = 32, 1000, 200
+_VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?[A-Za-z0-9+.]*")
+_PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
 class ServiceInfo:
     """What a service offers beyond Snekbox's API, from the built-in evaluator's ``GET /info``
     (Snekbox has none: :meth:`none`).
 
     ``max_sessions``: the live sessions one replica holds (0: none, every run is one-shot);
     ``session_idle_timeout``: seconds after which it ends an idle one; ``time_limit``: its
-    longest run, in seconds (``None``: not said).
+    longest run, in seconds (``None``: not said). ``pythons``: the interpreters a request may
+    name in ``executable_path``, the default first (empty: not said). ``packages``: whether it
+    installs requested packages, ``"off"``, ``"any"`` or ``"allow-list"`` (``None``: not said,
+    as Snekbox: it installs none); ``allowed``: the allow-list's names.
     """
 
     max_sessions: int = 0
     session_idle_timeout: float | None = None
     time_limit: float | None = None
+    pythons: tuple[Python, ...] = ()
+    packages: Literal["off", "any", "allow-list"] | None = None
+    allowed: tuple[str, ...] = ()
 
     @classmethod
     def none(cls) -> ServiceInfo:
         """A service that says nothing (Snekbox): one-shot runs, its own limits."""
         return cls()
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``GET /info`` answer (the evaluator's side)."""
+        body: dict[str, Any] = {
+            "sessions": {"max": self.max_sessions, "idle_timeout": self.session_idle_timeout},
+            "time_limit": self.time_limit,
+            "pythons": [
+                {"version": p.version, "executable_path": p.executable_path} for p in self.pythons
+            ],
+        }
+        if self.packages is not None:
+            body["packages"] = {"policy": self.packages, "allowed": list(self.allowed)}
+        return body
 
     @classmethod
     def from_json(cls, data: Any) -> ServiceInfo:
@@ -354,8 +450,49 @@ class ServiceInfo:
         for name, value in (("sessions.idle_timeout", idle), ("time_limit", time_limit)):
             if value is not None and not (_is_number(value) and value > 0):
                 raise InvalidResponse(f"'{name}' is not a positive number")
+        packages, allowed = _packages_from_info(data.get("packages"))
         return cls(
             max_sessions,
             None if idle is None else float(idle),
             None if time_limit is None else float(time_limit),
+            _pythons_from_info(data.get("pythons", [])),
+            packages,
+            allowed,
         )
+
+
+def _pythons_from_info(value: Any) -> tuple[Python, ...]:
+    if not isinstance(value, list) or len(value) > _MAX_PYTHONS:
+        raise InvalidResponse(f"'pythons' is not a list of at most {_MAX_PYTHONS}")
+    pythons = []
+    for item in value:
+        version = item.get("version") if isinstance(item, dict) else None
+        path = item.get("executable_path") if isinstance(item, dict) else None
+        if not isinstance(version, str) or not _VERSION.fullmatch(version[:_MAX_NAME]):
+            raise InvalidResponse("a 'pythons' entry has no valid 'version'")
+        if not isinstance(path, str) or not path.startswith("/") or len(path) > 4096:
+            raise InvalidResponse("a 'pythons' entry has no absolute 'executable_path'")
+        if not path.isprintable():
+            raise InvalidResponse("a 'pythons' entry has an unprintable 'executable_path'")
+        pythons.append(Python(version, path))
+    return tuple(pythons)
+
+
+def _packages_from_info(
+    value: Any,
+) -> tuple[Literal["off", "any", "allow-list"] | None, tuple[str, ...]]:
+    if value is None:
+        return None, ()
+    policy = value.get("policy") if isinstance(value, dict) else None
+    if policy not in ("off", "any", "allow-list"):
+        raise InvalidResponse("'packages.policy' is not one of off, any, allow-list")
+    allowed = value.get("allowed", [])
+    if (
+        not isinstance(allowed, list)
+        or len(allowed) > _MAX_ALLOWED
+        or not all(
+            isinstance(n, str) and len(n) <= _MAX_NAME and _PROJECT.fullmatch(n) for n in allowed
+        )
+    ):
+        raise InvalidResponse("'packages.allowed' is not a list of project names")
+    return policy, tuple(allowed)

@@ -1,0 +1,219 @@
+"""Runs that ask for packages, and for another Python: installed outside, imported inside.
+
+The wheels are made in the test (tests/wheels.py) and the evaluator is pointed at their folder
+(``EVALUATOR_PACKAGE_INDEX``); nothing reaches an outside index. Each run and each session's
+cell is a real sandbox: the layer is read-only there and the network stays unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from evaluator import Evaluator, create_app
+from tests.evaluator.conftest import config, run
+from tests.wheels import wheels
+
+pytestmark = pytest.mark.anyio
+
+#: pyenv's CPython 3.13 (these machines have it; uv does not find it by itself).
+PY313 = Path("/root/.pyenv/versions/3.13.0/bin/python3.13")
+needs_313 = pytest.mark.skipif(not PY313.exists(), reason=f"no CPython 3.13 at {PY313}")
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return wheels(tmp_path_factory.mktemp("index"))
+
+
+@pytest.fixture(scope="module")
+async def evaluator(
+    index: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Evaluator]:
+    pythons = (str(PY313),) if PY313.exists() else ()
+    settings = config(
+        package_index=str(index),
+        package_cache=str(tmp_path_factory.mktemp("cache")),
+        pythons=pythons,
+        python_packages=("tinypkg==1.0",),
+        max_sessions=4,
+    )
+    async with Evaluator(settings) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+async def client(evaluator: Evaluator) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(create_app(evaluator))
+    async with httpx.AsyncClient(transport=transport, base_url="http://e", timeout=60) as http:
+        yield http
+
+
+async def test_a_run_imports_what_it_asked_for_from_a_read_only_layer(
+    client: httpx.AsyncClient,
+) -> None:
+    code = (
+        "import tinypkg, os, sys\n"
+        "print(tinypkg.VALUE)\n"
+        "try:\n"
+        "    open(tinypkg.__file__, 'a').close()\n"
+        "    print('WRITABLE')\n"
+        "except OSError as e:\n"
+        "    print('read-only', e.errno)\n"
+        "print(os.listdir('/opt/packages'))"
+    )
+    result = await run(client, code, packages=["tinypkg==1.1"])
+    lines = result["stdout"].splitlines()
+    assert result["returncode"] == 0, result
+    assert lines[0] == "11"
+    assert lines[1] in ("read-only 30", "read-only 13")  # EROFS, or EACCES before it
+    assert len(eval(lines[2])) == 1  # its own layer only, none of the cache's others
+    assert result["installed"] == "tinypkg==1.1"
+    assert result["install_seconds"] >= 0
+
+
+async def test_dependencies_are_resolved_and_a_cached_set_is_not_installed_again(
+    client: httpx.AsyncClient, evaluator: Evaluator
+) -> None:
+    first = await run(client, "import withdep; print(withdep.VALUE)", packages=["withdep"])
+    assert first["stdout"] == "11\n" and first["installed"] == "tinypkg==1.1 withdep==2.0"
+    assert evaluator._packages is not None
+    installs = evaluator._packages.installs
+    again = await run(client, "import withdep; print(withdep.VALUE)", packages=["withdep==2.0"])
+    assert again["stdout"] == "11\n"
+    assert evaluator._packages.installs == installs
+
+
+async def test_concurrent_runs_asking_for_one_new_set_install_it_once(
+    client: httpx.AsyncClient, evaluator: Evaluator
+) -> None:
+    assert evaluator._packages is not None
+    installs = evaluator._packages.installs
+    results = await asyncio.gather(
+        *(run(client, "import bulky; print(len(bulky.DATA))", packages=["bulky"]) for _ in "ab")
+    )
+    assert [r["stdout"] for r in results] == ["300000\n", "300000\n"]
+    assert evaluator._packages.installs == installs + 1
+
+
+@pytest.mark.parametrize(
+    ("requirement", "why"),
+    [
+        ("sourceonly", "no wheel"),
+        ("nosuchproject==1.0", "not found"),
+        ("tinypkg==9.9", "not found"),
+        ("tinypkg @ https://example.com/t.whl", "invalid"),
+        ("not a requirement!", "invalid"),
+    ],
+)
+async def test_a_refused_requirement_is_named_with_why_and_the_code_does_not_run(
+    client: httpx.AsyncClient, requirement: str, why: str
+) -> None:
+    result = await run(client, "print('RAN')", packages=["tinypkg", requirement])
+    assert result["returncode"] is None and result["ended_by"] == "packages_refused"
+    assert f"{requirement!r} was refused ({why})" in result["stdout"], result["stdout"]
+    assert "The code did not run" in result["stdout"] and "RAN" not in result["stdout"]
+
+
+async def test_the_sandbox_stays_offline_with_packages(client: httpx.AsyncClient) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = (
+            "import socket, tinypkg\n"
+            f"for address in [('127.0.0.1', {port}), ('192.0.2.1', 80)]:\n"
+            "    try:\n"
+            "        socket.create_connection(address, timeout=3).close(); print('CONNECTED')\n"
+            "    except OSError as e:\n"
+            "        print(e.errno)"
+        )
+        result = await run(client, code, packages=["tinypkg"])
+    assert result["stdout"].split() == ["111", "101"], result  # ECONNREFUSED, ENETUNREACH
+
+
+async def test_a_session_imports_packages_a_later_cell_adds_without_a_restart(
+    client: httpx.AsyncClient,
+) -> None:
+    session = {"session": "packages-later"}
+    first = await run(client, "import os; x = os.getpid(); print('tinypkg' in globals())", **session)
+    assert first["stdout"] == "False\n" and "installed" not in first
+    second = await run(
+        client, "import tinypkg; print(tinypkg.VALUE, os.getpid() == x)", packages=["tinypkg==1.0"],
+        **session,
+    )  # fmt: skip
+    assert second["stdout"] == "1 True\n", second
+    assert second["installed"] == "tinypkg==1.0"
+    third = await run(
+        client, "import withdep, tinypkg; print(withdep.VALUE, os.getpid() == x)",
+        packages=["withdep==2.0", "tinypkg==1.1"], **session,
+    )  # fmt: skip
+    # tinypkg 1.0 was imported already: the interpreter keeps it, and says so.
+    assert third["stdout"].endswith("1 True\n"), third
+    assert "note: tinypkg was imported in this session before this call added" in third["stdout"]
+
+
+async def test_packages_turned_off_are_refused_by_name() -> None:
+    async with Evaluator(config(packages="off", pythons=())) as evaluator:
+        transport = httpx.ASGITransport(create_app(evaluator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://e") as http:
+            result = await run(http, "print('RAN')", packages=["tinypkg"])
+            info = (await http.get("/info")).json()
+    assert result["ended_by"] == "packages_refused" and "RAN" not in result["stdout"]
+    assert "'tinypkg' was refused (not allowed)" in result["stdout"]
+    assert "EVALUATOR_PACKAGES=off" in result["stdout"]
+    assert info["packages"] == {"policy": "off", "allowed": []}
+
+
+async def test_an_allow_list_refuses_the_others(index: Path, tmp_path: Path) -> None:
+    settings = config(
+        packages="tinypkg, withdep", package_index=str(index), package_cache=str(tmp_path),
+        pythons=(),
+    )  # fmt: skip
+    async with Evaluator(settings) as evaluator:
+        transport = httpx.ASGITransport(create_app(evaluator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://e", timeout=60) as http:
+            allowed = await run(http, "import withdep; print(withdep.VALUE)", packages=["withdep"])
+            refused = await run(http, "print('RAN')", packages=["bulky"])
+            info = (await http.get("/info")).json()
+    assert allowed["stdout"] == "11\n"
+    assert "'bulky' was refused (not allowed): the operator allows only: tinypkg, withdep" in (
+        refused["stdout"]
+    )
+    assert info["packages"] == {"policy": "allow-list", "allowed": ["tinypkg", "withdep"]}
+
+
+@needs_313
+async def test_info_lists_the_interpreters_and_a_run_chooses_one(
+    client: httpx.AsyncClient, evaluator: Evaluator
+) -> None:
+    info = (await client.get("/info")).json()
+    versions = {p["version"]: p["executable_path"] for p in info["pythons"]}
+    assert versions[evaluator._pythons[0].version] == evaluator.config.executable
+    path = versions["3.13.0"]
+    code = "import sys, tinypkg; print(sys.version_info[:2], tinypkg.VALUE)"
+    result = await run(client, code, executable_path=path)
+    # Its preinstalled set (python_packages, here tinypkg 1.0) comes with it.
+    assert result["stdout"] == "(3, 13) 1\n", result
+    asked = await run(client, code, executable_path=path, packages=["tinypkg==1.1"])
+    assert asked["stdout"] == "(3, 13) 11\n", asked
+
+
+@needs_313
+async def test_a_session_keeps_the_interpreter_it_started_with(
+    client: httpx.AsyncClient, evaluator: Evaluator
+) -> None:
+    path = str(PY313)
+    session: dict[str, Any] = {"session": "on-313", "executable_path": path}
+    first = await run(client, "import sys; v = sys.version_info[:2]; print(v)", **session)
+    assert first["stdout"] == "(3, 13)\n", first
+    second = await run(client, "print(v)", **session)
+    assert second["stdout"] == "(3, 13)\n"
+    other = await run(client, "print(v)", session="on-313")
+    assert other["returncode"] is None and "a session keeps its interpreter" in other["stdout"]
