@@ -1,8 +1,9 @@
 """The interpreters a run may choose: the default one, and those the operator lists or uv finds.
 
-``EVALUATOR_PYTHONS`` names them as paths or as versions uv can find (``3.12``); unset, they are
-the interpreters uv would find on this host (those it manages, and ``python3.N`` on ``PATH``),
-one per minor version (the default interpreter keeps its own). Each is asked its version once, at start; one that does not run is left out, and said so.
+``EVALUATOR_PYTHONS`` names them as paths or as versions uv can find (``3.12``); unset, they
+are the interpreters uv would find on this host (those it manages, and ``python3.N`` on
+``PATH``), one per minor version (the default interpreter keeps its own). Each is asked its
+version once, at start; one that does not run is left out, and said so.
 """
 
 from __future__ import annotations

@@ -85,6 +85,12 @@ class CodeSession:
     replica: str | None = None
     #: Started by another gateway: this one knows only the files of the calls it served.
     adopted: bool = False
+    #: The interpreter its live interpreter runs (``executable_path``; ``None``: the default),
+    #: once a call chose it.
+    python: str | None = None
+    #: Every package its calls asked for: sent with each call, so that a new interpreter (or
+    #: a files-only session's next run) has them too.
+    packages: tuple[str, ...] = ()
     #: One call at a time: a second one waits, as a notebook runs one cell at a time.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -85,8 +85,7 @@ class InProcessClient:
 
     async def info(self) -> ServiceInfo:
         """What ``GET /info`` would answer."""
-        config = self._service.config
-        return ServiceInfo(config.session_limit, config.session_idle_timeout, config.time_limit)
+        return self._service.info()
 
     async def ping(self) -> None:
         """Nothing to reach: it answers while the client is open.

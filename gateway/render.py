@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import mimetypes
 from base64 import b64encode
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mcp.types import (
@@ -64,8 +65,11 @@ def render_result(
     duration: float,
     settings: Settings,
     session: SessionView | None = None,
+    notes: Sequence[str] = (),
 ) -> CallToolResult:
     """Turn an evaluation into what the model reads: text, one image per figure, file lists.
+
+    ``notes`` say how the call's arguments and its script block were reconciled.
 
     The serialized result stays within ``settings.max_result_bytes`` (less room for the
     envelope). Figures are chosen against a result whose output is cut to
@@ -80,7 +84,8 @@ def render_result(
     floor = min(settings.max_output_chars, OUTPUT_FLOOR)
     unchosen = {f.file.path: f.problem or OVER_BUDGET for f in facts.figures}
     # Figures are chosen before the inline files, which are the first to give way.
-    bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen, 0), session)
+    extra = _Extra(result.installed, result.install_seconds, tuple(notes))
+    bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen, 0), session, extra)
     reasons = choose_images(
         facts.figures,
         max_images=settings.max_images,
@@ -89,15 +94,28 @@ def render_result(
     )
     cut: Cut | None = Cut(min(settings.max_output_chars, len(facts.output)), LISTING_CHARS, reasons)
     while cut is not None:
-        rendered = compose(facts, settings, cut, session)
+        rendered = compose(facts, settings, cut, session, extra)
         if wire_size(rendered) <= limit:
             return rendered
         cut = cut.smaller(floor)
     return rendered  # a budget smaller than a bare status line: nothing more could give way
 
 
+@dataclass(frozen=True)
+class _Extra:
+    """What a result says besides the run's facts: its packages, and the call's notes."""
+
+    installed: tuple[str, ...] | None = None
+    install_seconds: float | None = None
+    notes: tuple[str, ...] = ()
+
+
 def compose(
-    facts: Facts, settings: Settings, cut: Cut, session: SessionView | None = None
+    facts: Facts,
+    settings: Settings,
+    cut: Cut,
+    session: SessionView | None = None,
+    extra: _Extra = _Extra(),
 ) -> CallToolResult:
     """The result of ``facts``, cut as ``cut`` says."""
     shown, truncated = cut_middle(facts.output, cut.output_chars)
@@ -111,6 +129,13 @@ def compose(
     else:
         lines = ["(no output)"]
     lines.append(f"[{facts.message}]")
+    if extra.installed is not None:
+        took = extra.install_seconds or 0.0
+        lines.append(
+            f"[packages: {', '.join(extra.installed) or 'none'} (ready in {took:.2f} s, not "
+            "counted in the time limit)]"
+        )
+    lines += [f"[note: {note}]" for note in extra.notes]
 
     images: list[ImageInfo] = []
     blocks: list[ContentBlock] = []
@@ -237,6 +262,9 @@ def compose(
         files_not_returned=absent[: len(named)],
         files_not_returned_count=facts.not_returned_count,
         session_id=session.id if session is not None else None,
+        packages=list(extra.installed) if extra.installed is not None else None,
+        install_seconds=extra.install_seconds,
+        notes=list(extra.notes),
     )
     return CallToolResult(
         content=[TextContent(type="text", text="\n".join(lines)), *blocks],

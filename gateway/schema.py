@@ -67,3 +67,14 @@ class ExecutionResult(BaseModel):
     session_id: str | None = Field(
         default=None, description="the session this call ran in: pass it to continue it"
     )
+    packages: list[str] | None = Field(
+        default=None, description="the packages installed for it, pinned (null: none asked for)"
+    )
+    install_seconds: float | None = Field(
+        default=None,
+        description="seconds the install took, not counted in the time limit (null: none)",
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="how the call's arguments and its '# /// script' block were reconciled",
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,9 @@ class Settings(ExplicitSettings):
         str | None,
         Flag("Snekbox to evaluate code with", default="the built-in evaluator", metavar="URL"),
     ] = None
+    #: Snekbox: the interpreters of its image a call may choose, ``{"3.12": "/path"}`` (from
+    #: ``3.12=/path,3.13=/path``); the built-in evaluator says its own (``GET /info``).
+    snekbox_pythons: dict[str, str] = Field(default_factory=dict)
     host: Annotated[str, Field(min_length=1), Flag("address to bind")] = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535), Flag("port")] = 18080
     # Before auth_token, whose validation takes the token from the file.
@@ -172,6 +176,23 @@ class Settings(ExplicitSettings):
                 "it must be an http:// or https:// URL with a host, e.g. http://snekbox:8060"
             )
         return url
+
+    @field_validator("snekbox_pythons", mode="before")
+    @classmethod
+    def _version_table(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        table = {}
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            version, _, path = item.partition("=")
+            version, path = version.strip(), path.strip()
+            if not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", version) or not path.startswith("/"):
+                raise ValueError(
+                    "it must be comma-separated VERSION=/absolute/path pairs, e.g. "
+                    "3.12=/usr/local/bin/python3.12"
+                )
+            table[version] = path
+        return table
 
     @field_validator("auth_token_file", mode="before")
     @classmethod

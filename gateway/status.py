@@ -24,6 +24,7 @@ Status = Literal[
     "invalid_output",
     "files_not_collected",
     "not_run",
+    "packages_refused",
     "evaluator_error",
 ]
 
@@ -60,6 +61,8 @@ def describe_exit(
     memory kill's message. ``session_ended`` ``False``: a cell of a live session, whose
     interpreter the time limit only interrupted.
     """
+    if returncode is None and ended_by == "packages_refused":
+        return "packages_refused", f"not run: {quote(stdout.strip(), _MESSAGE_CHARS * 2)}"
     if returncode is None:
         return _describe_message(stdout)
     if session_ended is False and ended_by == "time_limit":

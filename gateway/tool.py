@@ -44,6 +44,7 @@ from snekbox_client import (
 from .admission import Admission, Busy
 from .backend import START_PROBE_TIMEOUT, Backend
 from .budget import INLINE_FILE_BYTES
+from .choices import ChoiceRefused, Choices, Offer, choose, script_metadata
 from .code_sessions import CodeSession, CodeSessions, SessionGone
 from .environment import CORE, ENVIRONMENT_URI, Environment
 from .failures import GATEWAY_FAILED, ServiceFailure, explain, failure_kind
@@ -199,8 +200,9 @@ class Gateway:
             "'base64' for bytes that are not text.\n"
             f"- `timeout_seconds`: this call's time limit, at most {settings.max_time_limit:g} "
             "s (more is lowered to that).\n"
-            f"- {self._packages_description(environment)} There is no network access, so pip "
-            "install and downloads do not work.\n"
+            f"- {self._packages_description(environment)}\n"
+            f"{self._installs_description()}"
+            f"{self._pythons_description()}"
             "- The result is stdout and stderr together, in order (terminal control sequences "
             "removed), then a line [end of output] (numbered, [end of output #2], if the output "
             "holds that text), then the gateway's own lines: the exit status in words, figures "
@@ -226,11 +228,44 @@ class Gateway:
             if environment is not None
             else {"python": None, "packages": None, "unknown_because": self._unknown_why()}
         )
+        info = self.service_info
         return {
             **found,
             "sessions": "live interpreters" if self.live_backend else "files only",
-            "package_installs": "not offered: the sandbox has no network",
+            "package_installs": (
+                {"policy": info.packages, "allowed": list(info.allowed) or None}
+                if info.packages in ("any", "allow-list")
+                else {"policy": "none", "why": self._why_no_installs()}
+            ),
+            "pythons": [offer.version for offer in self.offers()] or None,
         }
+
+    def _installs_description(self) -> str:
+        info = self.service_info
+        if info.packages not in ("any", "allow-list"):
+            return (
+                "- The sandbox has no network: pip install and downloads do not work, and no "
+                f"package can be added ({self._why_no_installs()}).\n"
+            )
+        which = "any project" if info.packages == "any" else "only " + ", ".join(info.allowed)
+        return (
+            '- `packages`: PEP 508 requirements (e.g. ["tabulate==0.9.0"]) installed for the '
+            f"call before its code runs, outside the sandbox, wheels only ({which}); the install "
+            "time is not counted in the time limit, and a set used before is ready at once. A "
+            "session keeps them for its later calls. A PEP 723 '# /// script' block in the code "
+            "(dependencies, requires-python) is honoured the same way; arguments win over it. "
+            "The sandbox itself has no network: pip install and downloads in the code fail.\n"
+        )
+
+    def _pythons_description(self) -> str:
+        offers = self.offers()
+        if len(offers) < 2:
+            return ""
+        versions = [f"{offers[0].version} (the default)", *(o.version for o in offers[1:])]
+        return (
+            f"- `python`: the Python version to run, one of {', '.join(versions)}; the "
+            "preinstalled packages listed above are the default's.\n"
+        )
 
     def _unknown_why(self) -> str:
         return self.backend.unknown_why if self.backend is not None else "not asked yet"
@@ -307,6 +342,23 @@ class Gateway:
                 "the tool's description) is lowered to it, and the result says so",
             ),
         ] = None,
+        packages: Annotated[
+            list[Annotated[str, Field(max_length=200)]] | None,
+            Field(
+                max_length=64,
+                description="PEP 508 requirements to install for this call, e.g. "
+                '["tabulate==0.9.0", "sympy>=1.12"] (in a session, kept for its later '
+                "calls); wins over a '# /// script' block's dependencies",
+            ),
+        ] = None,
+        python: Annotated[
+            str | None,
+            Field(
+                max_length=32,
+                description='the Python version to run, e.g. "3.12", among those the tool\'s '
+                "description offers (a session keeps the one it started with)",
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, ExecutionResult]:
         """Run ``code`` in a session; service failures become tool errors, user errors do not.
 
@@ -334,7 +386,8 @@ class Gateway:
                 )
                 session = self._session(session_id)
                 self._check_room(session, uploads)
-            except (UploadRefused, SessionGone) as exc:
+                choices = self._choices(code, python, packages, session)
+            except (UploadRefused, SessionGone, ChoiceRefused) as exc:
                 outcome = "refused"
                 raise ToolError(str(exc)) from exc
             log.update(session_id=session.id, files_sent=len(uploads))
@@ -346,12 +399,13 @@ class Gateway:
                 self.sessions.touch(session)
                 try:
                     result = await self._evaluate_with_progress(
-                        code, ctx, started, session, uploads, time_limit
+                        code, ctx, started, session, uploads, time_limit, choices
                     )
                 except ServiceFailure:
                     if session_id is None:  # nobody learns its id: it would only wait to expire
                         self.sessions.discard(session)
                     raise
+                self._remember(session, choices, result)
                 view = self._keep_files(session, uploads, result)
                 self.sessions.touch(session)
                 log["session_id"] = session.id
@@ -359,7 +413,11 @@ class Gateway:
                     self._end_live_session(session, None)  # interpreter, which nothing holds
             view.time_limit_lowered = lowered
             rendered = render_result(
-                result, duration=time.monotonic() - started, settings=self.settings, session=view
+                result,
+                duration=time.monotonic() - started,
+                settings=self.settings,
+                session=view,
+                notes=choices.notes,
             )
             structured = rendered.structured_content or {}
             outcome = structured.get("status", "ok")
@@ -432,6 +490,73 @@ class Gateway:
         """
         session = self.sessions.get(session_id, _owner())
         return session.files[path]
+
+    def offers(self) -> tuple[Offer, ...]:
+        """The Pythons a call may choose, the default first (empty: one, not named): the
+        service's, or for Snekbox the operator's table (``MCP_SNEKBOX_PYTHONS``)."""
+        table = self.settings.snekbox_pythons
+        environment = self.backend.environment if self.backend is not None else None
+        if self.settings.snekbox_url and table:
+            default = [Offer(environment.python, None)] if environment is not None else []
+            return (*default, *(Offer(v, p) for v, p in table.items()))
+        pythons = self.service_info.pythons
+        if not pythons:
+            return ()
+        return (
+            Offer(pythons[0].version, None),
+            *(Offer(p.version, p.executable_path) for p in pythons[1:]),
+        )
+
+    def _why_no_installs(self) -> str:
+        policy = self.service_info.packages
+        if policy == "off":
+            return "the operator turned package installs off"
+        if policy is None:
+            return "the evaluation service installs none; its operator adds packages to its image"
+        return ""
+
+    def _choices(
+        self, code: str, python: str | None, packages: list[str] | None, session: CodeSession
+    ) -> Choices:
+        """The Python and packages of this call (see :mod:`gateway.choices`); in a live
+        session, its interpreter's Python, and every package its calls asked for (the session
+        takes them on once the call ran: see :meth:`_remember`).
+
+        Raises:
+            ChoiceRefused: they cannot be had here, or the session runs another Python.
+        """
+        choices = choose(
+            python=python,
+            packages=packages,
+            script=script_metadata(code),
+            offers=self.offers(),
+            installs=self.service_info.packages in ("any", "allow-list"),
+            why_no_installs=self._why_no_installs(),
+        )
+        chosen = choices.python.executable_path if choices.python is not None else None
+        if self.live_backend and session.calls:
+            if chosen != session.python and (python is not None or choices.python is not None):
+                running = next(
+                    (o.version for o in self.offers() if o.executable_path == session.python),
+                    "its first call's",
+                )
+                raise ChoiceRefused(
+                    f"This session runs Python {running}; a session keeps its interpreter. "
+                    "Omit session_id to start a new session with another Python."
+                )
+            chosen = session.python
+        packages_all = tuple(dict.fromkeys((*session.packages, *choices.packages)))
+        python_offer = next((o for o in self.offers() if o.executable_path == chosen), None)
+        return replace(choices, python=python_offer, packages=packages_all)
+
+    @staticmethod
+    def _remember(session: CodeSession, choices: Choices, result: EvalResult) -> None:
+        """The session's Python and packages, once a call ran with them (a refused package is
+        not asked for again)."""
+        if result.ended_by == "packages_refused":
+            return
+        session.python = choices.python.executable_path if choices.python else None
+        session.packages = choices.packages
 
     def _session(self, session_id: str | None) -> CodeSession:
         """The call's session: the one it names, or a new one.
@@ -514,11 +639,12 @@ class Gateway:
         session: CodeSession,
         uploads: dict[str, bytes],
         time_limit: float | None,
+        choices: Choices,
     ) -> EvalResult:
         # A plain task rather than a task group, so the evaluation's errors come back unwrapped.
         progress = asyncio.ensure_future(self._report_progress(ctx, started))
         try:
-            return await self._evaluate(code, session, uploads, time_limit)
+            return await self._evaluate(code, session, uploads, time_limit, choices)
         finally:
             progress.cancel()
 
@@ -528,6 +654,7 @@ class Gateway:
         session: CodeSession,
         uploads: dict[str, bytes],
         time_limit: float | None,
+        choices: Choices,
     ) -> EvalResult:
         if self.draining:
             raise ServiceFailure(
@@ -565,6 +692,8 @@ class Gateway:
                     time_limit=time_limit if self._limits_time else None,
                     session=session.name if live else None,
                     session_resume=live and session.live,
+                    executable_path=choices.python.executable_path if choices.python else None,
+                    packages=choices.packages,
                 )
                 if time_limit is None or self._limits_time:
                     return await self.client.eval(request, replica=session.replica)

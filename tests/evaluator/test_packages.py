@@ -8,15 +8,10 @@ interpreter, as a run would with the layer on its ``sys.path``.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import io
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import zipfile
 from pathlib import Path
 
 import pytest

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.anyio
 
 #: pyenv's CPython 3.13 (these machines have it; uv does not find it by itself).
 PY313 = Path("/root/.pyenv/versions/3.13.0/bin/python3.13")
-needs_313 = pytest.mark.skipif(not PY313.exists(), reason=f"no CPython 3.13 at {PY313}")
+HAS_313 = PY313.exists()
+needs_313 = pytest.mark.skipif(not HAS_313, reason=f"no CPython 3.13 at {PY313}")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def evaluator(
     index: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Evaluator]:
-    pythons = (str(PY313),) if PY313.exists() else ()
+    pythons = (str(PY313),) if HAS_313 else ()
     settings = config(
         package_index=str(index),
         package_cache=str(tmp_path_factory.mktemp("cache")),
@@ -142,7 +143,9 @@ async def test_a_session_imports_packages_a_later_cell_adds_without_a_restart(
     client: httpx.AsyncClient,
 ) -> None:
     session = {"session": "packages-later"}
-    first = await run(client, "import os; x = os.getpid(); print('tinypkg' in globals())", **session)
+    first = await run(
+        client, "import os; x = os.getpid(); print('tinypkg' in globals())", **session
+    )
     assert first["stdout"] == "False\n" and "installed" not in first
     second = await run(
         client, "import tinypkg; print(tinypkg.VALUE, os.getpid() == x)", packages=["tinypkg==1.0"],
@@ -183,8 +186,9 @@ async def test_an_allow_list_refuses_the_others(index: Path, tmp_path: Path) -> 
             refused = await run(http, "print('RAN')", packages=["bulky"])
             info = (await http.get("/info")).json()
     assert allowed["stdout"] == "11\n"
-    assert "'bulky' was refused (not allowed): the operator allows only: tinypkg, withdep" in (
-        refused["stdout"]
+    assert (
+        "'bulky' was refused (not allowed): the operator allows only: tinypkg, withdep"
+        in (refused["stdout"])
     )
     assert info["packages"] == {"policy": "allow-list", "allowed": ["tinypkg", "withdep"]}
 

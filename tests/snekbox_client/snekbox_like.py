@@ -9,7 +9,9 @@ client's own reading of them is what is under test. It keeps no live sessions, a
     python -m tests.snekbox_client.snekbox_like --port 8060 [--host 127.0.0.1] [--executable PY]
 
 ``--executable``: the interpreter runs use, as a Snekbox image has its own (one without the
-project's packages stands in for an image without pandas).
+project's packages stands in for an image without pandas). ``--no-info``: ``GET /info`` is
+answered 404 and ``packages`` dropped from requests, as Snekbox has neither. ``--also PY``:
+another interpreter the sandbox holds, for ``executable_path`` (a Snekbox image may have several).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import uvicorn
 
 from evaluator import Evaluator, EvaluatorConfig, create_app
-from snekbox_client import CONTENT_WANTED_FIELD
+from snekbox_client import CONTENT_WANTED_FIELD, PACKAGES_FIELD
 
 Scope = dict[str, Any]
 
@@ -30,10 +32,15 @@ Scope = dict[str, Any]
 class IgnoreContentWanted:
     """An ASGI wrapper removing ``content_wanted`` from request bodies before ``app`` reads them."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, info: bool = True) -> None:
         self.app = app
+        self.info = info
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if not self.info and scope["type"] == "http" and scope["path"] == "/info":
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
@@ -50,7 +57,8 @@ class IgnoreContentWanted:
             data = json.loads(body)
         except ValueError:
             data = None
-        if isinstance(data, dict) and data.pop(CONTENT_WANTED_FIELD, None) is not None:
+        dropped = (CONTENT_WANTED_FIELD,) if self.info else (CONTENT_WANTED_FIELD, PACKAGES_FIELD)
+        if isinstance(data, dict) and [data.pop(name) for name in dropped if name in data]:
             body = bytearray(json.dumps(data).encode())
         headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
@@ -73,6 +81,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--executable", default=sys.executable)
+    parser.add_argument("--no-info", action="store_true")
+    parser.add_argument("--also", action="append", default=[])
     args = parser.parse_args()
     # One-shot, as Snekbox: no live sessions (its GET /info says so).
     config = EvaluatorConfig(
@@ -80,10 +90,12 @@ def main() -> None:
         concurrency=2,
         max_sessions=0,
         executable=args.executable,
+        pythons=tuple(args.also),
+        python_packages=(),
         preimport=() if args.executable != sys.executable else EvaluatorConfig().preimport,
     )
     evaluator = Evaluator(config)
-    app = IgnoreContentWanted(create_app(evaluator, manage_evaluator=True))
+    app = IgnoreContentWanted(create_app(evaluator, manage_evaluator=True), info=not args.no_info)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
