@@ -1,10 +1,14 @@
-"""What a package set costs: first install, the same set again, and disk, through PackageCache.
+"""What a package set costs: first install, the same set again, and disk, through PackageCache;
+then what a run with a cached set costs, against the same run without packages.
 
 Uses the index uv is configured with (PyPI here), a fresh cache each run, for a small
 pure-Python package (tabulate) and one with a compiled extension (markupsafe), and prints the
-ratio of the cached call to the first one, measured side by side in one run.
+ratio of the cached call to the first one, measured side by side in one run. The second part
+runs a numpy + matplotlib plot through the built-in evaluator, interleaved: without packages
+(a warm sandbox), with a cached set (a one-shot run with packages starts cold), and as a
+session's cell that adds the set (the layer linked into its running interpreter).
 
-    uv run python bench/bench_packages.py [--python PATH]
+    uv run python bench/bench_packages.py [--python PATH] [-n RUNS]
 """
 
 from __future__ import annotations
@@ -17,7 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import percentile
+
+from evaluator import Evaluator, EvaluatorConfig
 from evaluator.packages import PackageCache, Policy
+from snekbox_client import EvalRequest
 
 SETS = {
     "pure (tabulate==0.9.0)": ["tabulate==0.9.0"],
@@ -32,6 +40,7 @@ def size_of(path: Path) -> int:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("-n", type=int, default=15, help="runs of each kind")
     args = parser.parse_args()
     uv = shutil.which("uv")
     assert uv, "uv is not on PATH"
@@ -49,6 +58,44 @@ async def main() -> None:
                 f"{name:<30}{first.seconds:9.2f}{cached * 1000:11.2f}{ratio:8.4f}"
                 f"{size_of(first.path) / 1024:10.0f}"
             )
+
+    await through_runs(args.n)
+
+
+PLOT = (
+    "import numpy as np, matplotlib.pyplot as plt\n"
+    "plt.plot(np.arange(1000)); plt.savefig('p.png'); print('ok')"
+)
+
+
+async def through_runs(n: int) -> None:
+    """The plot without packages, with a cached set, and as a session cell adding it."""
+    with tempfile.TemporaryDirectory() as root:
+        config = EvaluatorConfig(package_cache=root, pythons=(), concurrency=2)
+        async with Evaluator(config) as evaluator:
+            await evaluator.run(EvalRequest(input="print(1)", packages=("tabulate==0.9.0",)))
+            kinds: dict[str, list[float]] = {"no packages": [], "cached set": [], "cell": []}
+            for i in range(n):
+                await asyncio.sleep(1.0)  # as an agent calls: the warm sandboxes are back
+                for kind, times in kinds.items():
+                    request = EvalRequest(
+                        input=PLOT,
+                        packages=() if kind == "no packages" else ("tabulate==0.9.0",),
+                        session=f"bench-{i}" if kind == "cell" else None,
+                    )
+                    if kind == "cell":  # the session exists, its interpreter warm
+                        await evaluator.run(EvalRequest(input="x = 1", session=f"bench-{i}"))
+                    started = time.perf_counter()
+                    result = await evaluator.run(request)
+                    times.append(time.perf_counter() - started)
+                    assert result.returncode == 0, result.stdout
+                    if kind == "cell":
+                        await evaluator.end_session(f"bench-{i}")
+            base = percentile(kinds["no packages"], 50)
+            print(f"\n{'plot, p50 of ' + str(n):<30}{'seconds':>9}{'ratio':>8}")
+            for kind, times in kinds.items():
+                p50 = percentile(times, 50)
+                print(f"{kind:<30}{p50:9.3f}{p50 / base:8.2f}")
 
 
 if __name__ == "__main__":

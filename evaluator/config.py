@@ -227,7 +227,10 @@ class EvaluatorConfig(ExplicitSettings):
     ] = None
     package_cache: Annotated[
         str | None,
-        Flag("directory of installed package sets", default="~/.cache/mcp-python-evaluator"),
+        Flag(
+            "directory of installed package sets",
+            default="$XDG_CACHE_HOME/mcp-python-evaluator/packages",
+        ),
     ] = None
     package_cache_size: Annotated[
         int, Field(ge=1, le=_TiB_IN_MiB), Flag("MiB the package cache may take")
@@ -243,7 +246,7 @@ class EvaluatorConfig(ExplicitSettings):
         tuple[str, ...] | None,
         Flag(
             "interpreters a run may choose, comma-separated paths or versions",
-            default="those uv finds",
+            default="those uv would find",
         ),
     ] = None
     python_packages: Annotated[

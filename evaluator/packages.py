@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -231,8 +232,18 @@ class PackageCache:
                 # Compiled here: the sandbox cannot write bytecode, and would recompile on
                 # every import.
                 args += ["--only-binary", ":all:", "--no-deps", "--compile-bytecode", "--quiet"]
+                # Copies, not uv's default hard links to its own cache, which _read_only would
+                # change too, and whose files the layer must not share.
+                args += ["--link-mode", "copy"]
                 args += self.index_args
                 await self._uv([*args, *pins], None, pins)
+                odd = _not_plain(staging)
+                if odd is not None:
+                    # A link would be followed when a session's copy is hard-linked (to a
+                    # host file on the cache's file system): a layer holds only plain files.
+                    raise PackageRefused(
+                        None, "failed", f"the set installs {odd}, which is not a plain file"
+                    )
                 size = _size(staging)
                 if size > self.max_layer_bytes:
                     raise PackageRefused(
@@ -307,8 +318,15 @@ def link_layer(layer: Layer, directory: Path, order: int) -> bool:
     """
     if any(entry.name.endswith(f"-{layer.key}") for entry in directory.iterdir()):
         return False
-    shutil.copytree(layer.path, directory / f"{order:03d}-{layer.key}", copy_function=os.link)
+    # symlinks=True: should one be there, it is copied as a link (resolved in the sandbox),
+    # never followed to a host file (layers hold none: see _not_plain).
+    target = directory / f"{order:03d}-{layer.key}"
+    shutil.copytree(layer.path, target, symlinks=True, copy_function=_link)
     return True
+
+
+def _link(source: str, target: str) -> None:
+    os.link(source, target, follow_symlinks=False)
 
 
 def _refusal(message: str, wanted: Sequence[str]) -> PackageRefused:
@@ -326,6 +344,16 @@ def _refusal(message: str, wanted: Sequence[str]) -> PackageRefused:
     else:
         why = "failed"
     return PackageRefused(named, why, text or "uv failed without a message")
+
+
+def _not_plain(path: Path) -> str | None:
+    """The first entry below ``path`` that is neither a directory nor a regular file."""
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            mode = os.lstat(os.path.join(root, name)).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                return os.path.relpath(os.path.join(root, name), path)
+    return None
 
 
 def _size(path: Path) -> int:

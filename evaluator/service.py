@@ -372,6 +372,7 @@ class Evaluator:
             pythons=tuple(Python(p.version, p.path) for p in self._pythons),
             packages="off" if cache is None else cache.policy.kind,
             allowed=() if cache is None else tuple(sorted(cache.policy.allowed or ())),
+            packages_why=self._packages_off if cache is None else None,
         )
 
     @property

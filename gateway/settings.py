@@ -81,7 +81,7 @@ class Settings(ExplicitSettings):
     ] = None
     #: Snekbox: the interpreters of its image a call may choose, ``{"3.12": "/path"}`` (from
     #: ``3.12=/path,3.13=/path``); the built-in evaluator says its own (``GET /info``).
-    snekbox_pythons: dict[str, str] = Field(default_factory=dict)
+    snekbox_pythons: dict[str, str] | None = None
     host: Annotated[str, Field(min_length=1), Flag("address to bind")] = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535), Flag("port")] = 18080
     # Before auth_token, whose validation takes the token from the file.

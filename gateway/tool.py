@@ -494,7 +494,7 @@ class Gateway:
     def offers(self) -> tuple[Offer, ...]:
         """The Pythons a call may choose, the default first (empty: one, not named): the
         service's, or for Snekbox the operator's table (``MCP_SNEKBOX_PYTHONS``)."""
-        table = self.settings.snekbox_pythons
+        table = self.settings.snekbox_pythons or {}
         environment = self.backend.environment if self.backend is not None else None
         if self.settings.snekbox_url and table:
             default = [Offer(environment.python, None)] if environment is not None else []
@@ -510,7 +510,7 @@ class Gateway:
     def _why_no_installs(self) -> str:
         policy = self.service_info.packages
         if policy == "off":
-            return "the operator turned package installs off"
+            return self.service_info.packages_why or "the operator turned package installs off"
         if policy is None:
             return "the evaluation service installs none; its operator adds packages to its image"
         return ""

@@ -406,7 +406,8 @@ class ServiceInfo:
     longest run, in seconds (``None``: not said). ``pythons``: the interpreters a request may
     name in ``executable_path``, the default first (empty: not said). ``packages``: whether it
     installs requested packages, ``"off"``, ``"any"`` or ``"allow-list"`` (``None``: not said,
-    as Snekbox: it installs none); ``allowed``: the allow-list's names.
+    as Snekbox: it installs none); ``allowed``: the allow-list's names; ``packages_why``: why
+    it installs none, when ``off``.
     """
 
     max_sessions: int = 0
@@ -415,6 +416,7 @@ class ServiceInfo:
     pythons: tuple[Python, ...] = ()
     packages: Literal["off", "any", "allow-list"] | None = None
     allowed: tuple[str, ...] = ()
+    packages_why: str | None = None
 
     @classmethod
     def none(cls) -> ServiceInfo:
@@ -432,6 +434,8 @@ class ServiceInfo:
         }
         if self.packages is not None:
             body["packages"] = {"policy": self.packages, "allowed": list(self.allowed)}
+            if self.packages_why is not None:
+                body["packages"]["why"] = self.packages_why
         return body
 
     @classmethod
@@ -450,7 +454,7 @@ class ServiceInfo:
         for name, value in (("sessions.idle_timeout", idle), ("time_limit", time_limit)):
             if value is not None and not (_is_number(value) and value > 0):
                 raise InvalidResponse(f"'{name}' is not a positive number")
-        packages, allowed = _packages_from_info(data.get("packages"))
+        packages, allowed, why = _packages_from_info(data.get("packages"))
         return cls(
             max_sessions,
             None if idle is None else float(idle),
@@ -458,6 +462,7 @@ class ServiceInfo:
             _pythons_from_info(data.get("pythons", [])),
             packages,
             allowed,
+            why,
         )
 
 
@@ -480,9 +485,9 @@ def _pythons_from_info(value: Any) -> tuple[Python, ...]:
 
 def _packages_from_info(
     value: Any,
-) -> tuple[Literal["off", "any", "allow-list"] | None, tuple[str, ...]]:
+) -> tuple[Literal["off", "any", "allow-list"] | None, tuple[str, ...], str | None]:
     if value is None:
-        return None, ()
+        return None, (), None
     policy = value.get("policy") if isinstance(value, dict) else None
     if policy not in ("off", "any", "allow-list"):
         raise InvalidResponse("'packages.policy' is not one of off, any, allow-list")
@@ -495,4 +500,7 @@ def _packages_from_info(
         )
     ):
         raise InvalidResponse("'packages.allowed' is not a list of project names")
-    return policy, tuple(allowed)
+    why = value.get("why")
+    if why is not None and not (isinstance(why, str) and len(why) <= 500 and why.isprintable()):
+        raise InvalidResponse("'packages.why' is not a short line of text")
+    return policy, tuple(allowed), why

@@ -171,7 +171,11 @@ async def test_packages_turned_off_are_refused_by_name() -> None:
     assert result["ended_by"] == "packages_refused" and "RAN" not in result["stdout"]
     assert "'tinypkg' was refused (not allowed)" in result["stdout"]
     assert "EVALUATOR_PACKAGES=off" in result["stdout"]
-    assert info["packages"] == {"policy": "off", "allowed": []}
+    assert info["packages"] == {
+        "policy": "off",
+        "allowed": [],
+        "why": "turned off by configuration (EVALUATOR_PACKAGES=off)",
+    }
 
 
 async def test_an_allow_list_refuses_the_others(index: Path, tmp_path: Path) -> None:
