@@ -373,6 +373,7 @@ class Evaluator:
             packages="off" if cache is None else cache.policy.kind,
             allowed=() if cache is None else tuple(sorted(cache.policy.allowed or ())),
             packages_why=self._packages_off if cache is None else None,
+            install_timeout=None if cache is None else config.package_timeout,
         )
 
     @property

@@ -47,8 +47,10 @@ class InProcessClient:
         self._timeout = timeout
         self._closed = False
 
-    async def eval(self, request: EvalRequest, *, replica: str | None = None) -> EvalResult:
-        """Run ``request``.
+    async def eval(
+        self, request: EvalRequest, *, replica: str | None = None, extra_time: float = 0.0
+    ) -> EvalResult:
+        """Run ``request``, waiting ``extra_time`` seconds more than the timeout (packages).
 
         Raises:
             EvaluatorRejected: what the API would answer 400 (an invalid request), 404 (a
@@ -61,10 +63,10 @@ class InProcessClient:
             raise EvaluatorUnavailable(_NAME, "the client is closed")
         try:
             check_request(request, max_files=self._service.config.max_request_files)
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout + extra_time):
                 return await self._service.run(request)
         except TimeoutError:
-            raise EvaluatorTimeout(_NAME, self._timeout) from None
+            raise EvaluatorTimeout(_NAME, self._timeout + extra_time) from None
         except evaluator.RequestInvalid as exc:
             raise EvaluatorRejected(400, exc.title, exc.description) from exc
         except evaluator.SessionNotFound as exc:

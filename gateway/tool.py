@@ -549,6 +549,16 @@ class Gateway:
         python_offer = next((o for o in self.offers() if o.executable_path == chosen), None)
         return replace(choices, python=python_offer, packages=packages_all)
 
+    def _install_time(self, choices: Choices) -> float:
+        """Seconds a call may wait beyond the usual for what it runs with to be installed: its
+        packages, and the preinstalled set of a Python other than the default (each resolved,
+        then installed, within the service's package timeout)."""
+        other = choices.python is not None and choices.python.executable_path is not None
+        timeout = self.service_info.install_timeout
+        if timeout is None or not (choices.packages or other):
+            return 0.0
+        return 2 * timeout * (int(bool(choices.packages)) + int(other))
+
     @staticmethod
     def _remember(session: CodeSession, choices: Choices, result: EvalResult) -> None:
         """The session's Python and packages, once a call ran with them (a refused package is
@@ -696,7 +706,9 @@ class Gateway:
                     packages=choices.packages,
                 )
                 if time_limit is None or self._limits_time:
-                    return await self.client.eval(request, replica=session.replica)
+                    return await self.client.eval(
+                        request, replica=session.replica, extra_time=self._install_time(choices)
+                    )
                 # Snekbox applies its own limit: a shorter one is how long the gateway waits.
                 try:
                     with anyio.fail_after(time_limit):

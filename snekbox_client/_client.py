@@ -85,6 +85,7 @@ class SnekboxClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self.max_answer_bytes = max_answer_bytes
         self.max_text_bytes = max_text_bytes
         self.max_content_bytes = max_content_bytes
@@ -111,9 +112,12 @@ class SnekboxClient:
             headers={"Accept-Encoding": "identity"},
         )
 
-    async def eval(self, request: EvalRequest, *, replica: str | None = None) -> EvalResult:
+    async def eval(
+        self, request: EvalRequest, *, replica: str | None = None, extra_time: float = 0.0
+    ) -> EvalResult:
         """Run one evaluation; on the replica at address ``replica``, if given (where a live
-        session is: see :class:`BalancingTransport` and :meth:`choose_replica`).
+        session is: see :class:`BalancingTransport` and :meth:`choose_replica`), waiting
+        ``extra_time`` seconds more than ``timeout`` for its answer (packages to install).
 
         Raises:
             EvaluatorUnavailable: the service could not be reached (the code did not run);
@@ -132,7 +136,8 @@ class SnekboxClient:
             max_files=self.max_files,
         )
         body = request.to_json()
-        async with self._exchange("POST", "/eval", replica, json=body) as response:
+        timeout = httpx.Timeout(self.timeout + extra_time, connect=self.connect_timeout)
+        async with self._exchange("POST", "/eval", replica, json=body, timeout=timeout) as response:
             if response.status_code != 200:
                 raise _rejection(response.status_code, await _read_at_most(response))
             async for chunk in response.aiter_bytes():
@@ -222,7 +227,8 @@ class SnekboxClient:
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
                 raise EvaluatorUnavailable(self.base_url, "connection timed out") from exc
-            raise EvaluatorTimeout(self.base_url, self.timeout) from exc
+            waited = kwargs["timeout"].read if "timeout" in kwargs else self.timeout
+            raise EvaluatorTimeout(self.base_url, waited) from exc
         except (
             httpx.ReadError,
             httpx.WriteError,

@@ -417,6 +417,8 @@ class ServiceInfo:
     packages: Literal["off", "any", "allow-list"] | None = None
     allowed: tuple[str, ...] = ()
     packages_why: str | None = None
+    #: Seconds one resolution, or one install, of a set may take there (``None``: not said).
+    install_timeout: float | None = None
 
     @classmethod
     def none(cls) -> ServiceInfo:
@@ -436,6 +438,8 @@ class ServiceInfo:
             body["packages"] = {"policy": self.packages, "allowed": list(self.allowed)}
             if self.packages_why is not None:
                 body["packages"]["why"] = self.packages_why
+            if self.install_timeout is not None:
+                body["packages"]["timeout"] = self.install_timeout
         return body
 
     @classmethod
@@ -454,7 +458,7 @@ class ServiceInfo:
         for name, value in (("sessions.idle_timeout", idle), ("time_limit", time_limit)):
             if value is not None and not (_is_number(value) and value > 0):
                 raise InvalidResponse(f"'{name}' is not a positive number")
-        packages, allowed, why = _packages_from_info(data.get("packages"))
+        packages, allowed, why, install_timeout = _packages_from_info(data.get("packages"))
         return cls(
             max_sessions,
             None if idle is None else float(idle),
@@ -463,6 +467,7 @@ class ServiceInfo:
             packages,
             allowed,
             why,
+            install_timeout,
         )
 
 
@@ -485,9 +490,9 @@ def _pythons_from_info(value: Any) -> tuple[Python, ...]:
 
 def _packages_from_info(
     value: Any,
-) -> tuple[Literal["off", "any", "allow-list"] | None, tuple[str, ...], str | None]:
+) -> tuple[Literal["off", "any", "allow-list"] | None, tuple[str, ...], str | None, float | None]:
     if value is None:
-        return None, (), None
+        return None, (), None, None
     policy = value.get("policy") if isinstance(value, dict) else None
     if policy not in ("off", "any", "allow-list"):
         raise InvalidResponse("'packages.policy' is not one of off, any, allow-list")
@@ -503,4 +508,7 @@ def _packages_from_info(
     why = value.get("why")
     if why is not None and not (isinstance(why, str) and len(why) <= 500 and why.isprintable()):
         raise InvalidResponse("'packages.why' is not a short line of text")
-    return policy, tuple(allowed), why
+    timeout = value.get("timeout")
+    if timeout is not None and not (_is_number(timeout) and 0 < timeout <= 86_400):
+        raise InvalidResponse("'packages.timeout' is not a number of seconds")
+    return policy, tuple(allowed), why, None if timeout is None else float(timeout)

@@ -25,9 +25,10 @@ pytestmark = pytest.mark.anyio
 
 #: Another Python than the one running the tests: pyenv's (these machines have them; uv does
 #: not find them by itself).
+RUNNING = f"{sys.version_info.major}.{sys.version_info.minor}"
 _PYENV = [Path(f"/root/.pyenv/versions/{v}/bin/python{v[:4]}") for v in ("3.13.0", "3.12.1")]
 OTHER = next(
-    (p for p in _PYENV if p.exists() and not p.name.endswith("%d.%d" % sys.version_info[:2])),
+    (p for p in _PYENV if p.exists() and not p.name.endswith(RUNNING)),
     None,
 )
 OTHER_MINOR = OTHER.name.removeprefix("python") if OTHER is not None else ""
@@ -200,7 +201,11 @@ async def test_an_allow_list_refuses_the_others(index: Path, tmp_path: Path) -> 
         "'bulky' was refused (not allowed): the operator allows only: tinypkg, withdep"
         in (refused["stdout"])
     )
-    assert info["packages"] == {"policy": "allow-list", "allowed": ["tinypkg", "withdep"]}
+    assert info["packages"] == {
+        "policy": "allow-list",
+        "allowed": ["tinypkg", "withdep"],
+        "timeout": 120.0,
+    }
 
 
 @needs_other
