@@ -48,9 +48,14 @@ def random_answer(rng: random.Random) -> dict[str, Any]:
         "files": files,
     }
     answer["unknown"] = {"nested": [[], {}, "x" * rng.randint(0, 30)]}
-    ended_by = rng.choice(["absent", None, "exit", "time_limit", "memory_limit", "output_limit"])
+    ended_by = rng.choice(
+        ["absent", None, "exit", "time_limit", "memory_limit", "output_limit", "packages_refused"]
+    )
     if ended_by != "absent":
         answer["ended_by"] = ended_by
+    if rng.random() < 0.5:
+        answer["installed"] = rng.choice(["", "a==1", "tinypkg==1.1 with-dep==2.0.post1"])
+        answer["install_seconds"] = rng.choice([0, 0.25, 12])
     return answer
 
 
@@ -133,6 +138,13 @@ def test_escaped_base64_is_decoded() -> None:
         (b'{"stdout": "a", "ended_by": 137}', "'ended_by' is not one of"),
         (b'{"stdout": "a", "ended_by": ["time_limit"]}', "'ended_by' is not one of"),
         (b'{"stdout": "a", "ended_by": {"x": [1]}}', "'ended_by' is not one of"),
+        (b'{"stdout": "a", "installed": 1}', "'installed' is neither a string nor null"),
+        (b'{"stdout": "a", "installed": ["a==1"]}', "'installed' is neither a string nor"),
+        (b'{"stdout": "a", "installed": "a b==1"}', "'installed' is not a list of name==vers"),
+        (b'{"stdout": "a", "installed": "a==1\\u0000"}', "not a list of name==version"),
+        (b'{"stdout": "a", "install_seconds": -1}', "'install_seconds' is not a non-negative"),
+        (b'{"stdout": "a", "install_seconds": "1"}', "'install_seconds' is not a non-negative"),
+        (b'{"stdout": "a", "install_seconds": [1]}', "'install_seconds' is not a non-negative"),
     ],
 )
 def test_what_is_not_an_eval_result_is_invalid(body: bytes, message: str) -> None:

@@ -11,13 +11,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from snekbox_client import EvaluatorRejected, InvalidResponse, ServiceInfo, SnekboxClient
+from snekbox_client import EvaluatorRejected, InvalidResponse, Python, ServiceInfo, SnekboxClient
 
 
 def test_what_the_built_in_evaluator_says_is_read() -> None:
     body = {"sessions": {"max": 4, "idle_timeout": 900.0}, "time_limit": 15}
     assert ServiceInfo.from_json(body) == ServiceInfo(4, 900.0, 15.0)
     assert ServiceInfo.from_json({"sessions": {"max": 0}}) == ServiceInfo.none()
+
+
+def test_the_interpreters_and_the_package_policy_are_read_and_round_trip() -> None:
+    info = ServiceInfo(
+        2,
+        900.0,
+        15.0,
+        (Python("3.11.7", "/venv/bin/python"), Python("3.13.0", "/opt/py/bin/python3.13")),
+        "allow-list",
+        ("numpy", "tabulate"),
+        None,
+        120.0,
+    )
+    assert ServiceInfo.from_json(info.to_json()) == info
+    off = ServiceInfo(0, packages="off", packages_why="uv is not found")
+    assert ServiceInfo.from_json(off.to_json()) == off
 
 
 @pytest.mark.parametrize(
@@ -36,6 +52,18 @@ def test_what_the_built_in_evaluator_says_is_read() -> None:
         {"sessions": {"max": 1}, "time_limit": float("nan")},
         {"sessions": {"max": 1}, "time_limit": float("inf")},
         {"sessions": {"max": 1}, "time_limit": False},
+        {"sessions": {"max": 1}, "pythons": {}},
+        {"sessions": {"max": 1}, "pythons": [{"version": "3.13"}]},
+        {"sessions": {"max": 1}, "pythons": [{"version": "three", "executable_path": "/p"}]},
+        {"sessions": {"max": 1}, "pythons": [{"version": "3.13", "executable_path": "p"}]},
+        {"sessions": {"max": 1}, "pythons": [{"version": "3.13", "executable_path": "/p\n"}]},
+        {"sessions": {"max": 1}, "pythons": [{"version": "3.1", "executable_path": "/p"}] * 33},
+        {"sessions": {"max": 1}, "packages": {"policy": "some"}},
+        {"sessions": {"max": 1}, "packages": {"policy": "any", "allowed": ["-r x"]}},
+        {"sessions": {"max": 1}, "packages": {"policy": "any", "allowed": "numpy"}},
+        {"sessions": {"max": 1}, "packages": {"policy": "off", "why": "x" * 501}},
+        {"sessions": {"max": 1}, "packages": {"policy": "any", "timeout": -1}},
+        {"sessions": {"max": 1}, "packages": []},
     ],
 )
 def test_a_malformed_answer_is_refused(body: Any) -> None:
