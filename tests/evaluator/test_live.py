@@ -184,7 +184,8 @@ async def test_a_resumed_session_that_is_not_held_is_not_started_afresh(
         bad = await http.post("/eval", json={**body, "session_resume": "yes"})
         assert bad.status_code == 400
         info = (await http.get("/info")).json()
-    assert info == {"sessions": {"max": 2, "idle_timeout": 900.0}, "time_limit": 10.0}
+    assert info["sessions"] == {"max": 2, "idle_timeout": 900.0} and info["time_limit"] == 10.0
+    assert [p["executable_path"] for p in info["pythons"]][:1] == [evaluator.config.executable]
     assert evaluator.live_sessions == 0  # neither refusal started one
 
 
