@@ -329,20 +329,32 @@ def add_packages() -> None:
     """Put the layers added since the last cell on ``sys.path``, the newest first (after the
     script's directory, before the standard library, as ``PYTHONPATH`` would).
 
-    A module the interpreter imported before keeps its first version: said on stderr.
+    A module the interpreter imported before from elsewhere keeps its first version: said on
+    stderr.
     """
     try:
         names = sorted(os.listdir(PACKAGES))
     except OSError:
         return
-    added = [path for name in names if (path := f"{PACKAGES}/{name}") not in sys.path]
+    added = [
+        path
+        for name in names
+        if not name.startswith(".") and (path := f"{PACKAGES}/{name}") not in sys.path
+    ]
     for path in added:
         sys.path.insert(1, path)
         try:
             provided = {entry.split(".")[0] for entry in os.listdir(path)}
         except OSError:
             continue
-        kept = sorted(name for name in provided if name in sys.modules and name != "__pycache__")
+        # One from an earlier layer is the same version (the session's sets are resolved to
+        # keep what it has); one from elsewhere (the environment) may not be.
+        kept = sorted(
+            name
+            for name in provided
+            if name in sys.modules
+            and not str(getattr(sys.modules[name], "__file__", "") or "").startswith(PACKAGES)
+        )
         if kept:
             sys.stderr.write(
                 f"note: {', '.join(kept)} was imported in this session before this call added "

@@ -93,6 +93,11 @@ class LiveSessions:
         """Sessions open now."""
         return len(self._open)
 
+    def sandbox_of(self, session_id: str) -> Sandbox | None:
+        """The sandbox of the live session ``session_id`` (``None``: not live here)."""
+        session = self._open.get(session_id)
+        return session.sandbox if session is not None else None
+
     def touch(self, session_id: str) -> bool:
         """Whether the session ``session_id`` is live (or starting) here; if live, it is marked
         used now: a run for it is on its way, and the longest idle sessions make room first."""
@@ -170,7 +175,7 @@ class LiveSessions:
         try:
             await self._add_layers(session.sandbox, layers)
         except PackageRefused as exc:
-            return EvalResult(str(exc), None, ended_by="packages_refused", session_ended=False)
+            return EvalResult(exc.answer, None, ended_by="packages_refused", session_ended=False)
         outcome = await session.sandbox.process.run_cell(
             args,
             time_limit=time_limit,

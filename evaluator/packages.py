@@ -18,6 +18,7 @@ or timed out.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import hashlib
@@ -26,17 +27,19 @@ import re
 import secrets
 import shutil
 import stat
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 __all__ = [
     "IN_SANDBOX",
+    "MARKER",
     "MEMO_SECONDS",
     "Layer",
     "PackageCache",
@@ -55,9 +58,26 @@ MEMO_SECONDS = 600.0
 #: Characters of uv's own message kept in a refusal.
 _MESSAGE_CHARS = 600
 _PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9!+._-]+)")
-_MARKER = ".complete"
+#: In a layer: its pins, one a line (written last, before the layer is put in place).
+MARKER = ".complete"
+# Beside a layer (not in it, where the runs would see when others use it): its last use.
+_USED = ".used"
+#: Seconds a set that failed to resolve or install is refused again without asking uv.
+REFUSAL_SECONDS = 60.0
+_MAX_MEMO = 1024
+_MAX_REQUIREMENT = 200
 
-Why = Literal["not allowed", "invalid", "not found", "no wheel", "too large", "timed out", "failed"]
+Why = Literal[
+    "not allowed",
+    "invalid",
+    "not found",
+    "no wheel",
+    "conflict",
+    "too large",
+    "timed out",
+    "busy",
+    "failed",
+]
 
 
 class PackageRefused(Exception):
@@ -69,6 +89,19 @@ class PackageRefused(Exception):
         self.requirement = requirement
         self.why = why
         self.detail = detail
+
+    @property
+    def answer(self) -> str:
+        """The refusal as an answer's ``stdout`` says it."""
+        if self.requirement is None:
+            return (
+                f"The packages could not be installed ({self.why}): {self.detail}. "
+                "The code did not run."
+            )
+        return (
+            f"The package requirement {self.requirement!r} was refused ({self.why}): "
+            f"{self.detail}. The code did not run."
+        )
 
 
 @dataclass(frozen=True)
@@ -108,6 +141,8 @@ class Layer:
 
     key: str
     path: Path
+    #: Empty: the set resolved to nothing (its markers exclude every requirement here), and
+    #: the layer is nothing to bind (``key`` is empty too).
     pins: tuple[str, ...]
     #: Seconds it took to resolve and install (or only to find, when ``cached``).
     seconds: float
@@ -126,6 +161,7 @@ class PackageCache:
         max_layer_bytes: The largest installed set.
         max_total_bytes: The cache's bound on disk.
         timeout: Seconds a resolution or an install may take.
+        max_installs: uv processes at once; more requests wait, up to ``max_waiting``.
     """
 
     def __init__(
@@ -138,6 +174,8 @@ class PackageCache:
         max_layer_bytes: int = 512 * 1024 * 1024,
         max_total_bytes: int = 4 * 1024 * 1024 * 1024,
         timeout: float = 120.0,
+        max_installs: int = 2,
+        max_waiting: int = 32,
     ) -> None:
         self.root = root
         self.uv = uv
@@ -148,40 +186,95 @@ class PackageCache:
         self.timeout = timeout
         #: Installs done by this process (a concurrent request for the same set waits).
         self.installs = 0
-        self._memo: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, ...], float]] = {}
+        self._memo: dict[tuple[str, ...], tuple[tuple[str, ...], float]] = {}
+        self._refusals: dict[tuple[str, ...], tuple[PackageRefused, float]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._uv_slots = asyncio.Semaphore(max_installs)
+        self._waiting, self._max_waiting = 0, max_waiting
+        #: Layers runs of this process use now: never evicted (see :meth:`holding`).
+        self._in_use: collections.Counter[str] = collections.Counter()
         root.mkdir(parents=True, exist_ok=True)
 
     async def layer(
-        self, requirements: Sequence[str], python: str, *, trusted: bool = False
+        self,
+        requirements: Sequence[str],
+        python: str,
+        *,
+        tag: str = "",
+        trusted: bool = False,
+        constraints: Sequence[str] = (),
     ) -> Layer:
         """The layer of ``requirements`` for the interpreter ``python``, installed if need be.
 
-        ``trusted``: the operator's own set (``EVALUATOR_PYTHON_PACKAGES``), not the policy's.
+        ``tag`` names the interpreter in the layer's key (its version and ABI; default: its
+        path). ``trusted``: the operator's own set (``EVALUATOR_PYTHON_PACKAGES``), not the
+        policy's. ``constraints``: pins the set must keep (those a session imported already).
+        A set that resolves to nothing (markers exclude it all) is a layer without pins.
 
         Raises:
             PackageRefused: a requirement is refused, or the set cannot be installed.
         """
         started = time.monotonic()
         wanted = tuple(sorted(self._checked(r, trusted) for r in requirements))
-        memo = self._memo.get((python, wanted))
-        pins = memo[0] if memo is not None and memo[1] > time.monotonic() else None
-        if pins is None:
-            pins = await self._resolve(wanted, python)
-            self._memo[(python, wanted)] = (pins, time.monotonic() + MEMO_SECONDS)
-        key = hashlib.sha256("\n".join((python, *pins)).encode()).hexdigest()[:32]
-        path = self.root / key
-        cached = (path / _MARKER).exists()
-        if not cached:
-            async with self._locks.setdefault(key, asyncio.Lock()):
-                cached = (path / _MARKER).exists()
-                if not cached:
-                    await self._install(key, pins, python)
+        memo_key = (python, *wanted, "-c", *sorted(constraints))
+        refused = self._refusals.get(memo_key)
+        if refused is not None and refused[1] > time.monotonic():
+            raise refused[0]
+        try:
+            pins = await self._pins(memo_key, wanted, python, constraints)
+            if not pins:
+                return Layer("", self.root, (), time.monotonic() - started, True)
+            key = hashlib.sha256("\n".join((tag or python, *pins)).encode()).hexdigest()[:32]
+            path = self.root / key
+            cached = path.is_dir()
+            if not cached:
+                lock = self._locks.setdefault(key, asyncio.Lock())
+                async with lock:
+                    cached = path.is_dir()
+                    if not cached:
+                        await self._install(key, pins, python)
+                if not lock.locked():
+                    self._locks.pop(key, None)
+        except PackageRefused as exc:
+            if exc.why not in ("invalid", "not allowed", "busy"):
+                self._refusals[memo_key] = (exc, time.monotonic() + REFUSAL_SECONDS)
+            raise
         with contextlib.suppress(OSError):
-            os.utime(path / _MARKER)  # used now: the least recently used go first
+            (self.root / f"{key}{_USED}").touch()  # the least recently used go first
         if not cached:
-            self._evict(keep=key)
+            await asyncio.to_thread(self._evict, keep=key)
         return Layer(key, path, pins, time.monotonic() - started, cached)
+
+    @contextlib.contextmanager
+    def holding(self, layers: Sequence[Layer]) -> Iterator[None]:
+        """While a run uses ``layers``: they are not evicted by this process."""
+        keys = [layer.key for layer in layers if layer.pins]
+        self._in_use.update(keys)
+        try:
+            yield
+        finally:
+            self._in_use.subtract(keys)
+            self._in_use += collections.Counter()  # drop the zeros
+
+    async def _pins(
+        self,
+        memo_key: tuple[str, ...],
+        wanted: tuple[str, ...],
+        python: str,
+        constraints: Sequence[str],
+    ) -> tuple[str, ...]:
+        memo = self._memo.get(memo_key)
+        if memo is not None and memo[1] > time.monotonic():
+            return memo[0]
+        pins = await self._resolve(wanted, python, constraints)
+        now = time.monotonic()
+        if len(self._memo) >= _MAX_MEMO:
+            self._memo = {k: v for k, v in self._memo.items() if v[1] > now}
+            self._refusals = {k: v for k, v in self._refusals.items() if v[1] > now}
+            while len(self._memo) >= _MAX_MEMO:
+                del self._memo[next(iter(self._memo))]
+        self._memo[memo_key] = (pins, now + MEMO_SECONDS)
+        return pins
 
     def _checked(self, text: str, trusted: bool = False) -> str:
         """``text`` as a PEP 508 requirement the policy allows, normalized.
@@ -189,6 +282,10 @@ class PackageCache:
         Raises:
             PackageRefused: it is not one, names a URL, or is not allowed.
         """
+        if not text.isprintable() or len(text) > _MAX_REQUIREMENT:
+            raise PackageRefused(
+                text[:80], "invalid", "not a PEP 508 requirement (too long, or unprintable)"
+            )
         try:
             requirement = Requirement(text)
         except InvalidRequirement as exc:
@@ -205,10 +302,31 @@ class PackageCache:
         requirement.name = canonicalize_name(requirement.name)
         return str(requirement)
 
-    async def _resolve(self, wanted: tuple[str, ...], python: str) -> tuple[str, ...]:
+    async def _resolve(
+        self, wanted: tuple[str, ...], python: str, constraints: Sequence[str]
+    ) -> tuple[str, ...]:
         args = ["pip", "compile", "-", "--python", python, "--only-binary", ":all:"]
         args += ["--no-header", "--no-annotate", "--quiet", *self.index_args]
-        out = await self._uv(args, "\n".join(wanted), wanted)
+        with contextlib.ExitStack() as stack:
+            if constraints:
+                file = stack.enter_context(
+                    tempfile.NamedTemporaryFile("w", dir=self.root, prefix=".constraints-")
+                )
+                file.write("\n".join(constraints) + "\n")
+                file.flush()
+                args += ["--constraint", file.name]
+            try:
+                out = await self._uv(args, "\n".join(wanted), wanted)
+            except PackageRefused as exc:
+                if constraints and exc.why == "not found":
+                    raise PackageRefused(
+                        exc.requirement,
+                        "conflict",
+                        f"this session has {', '.join(constraints)} already (its interpreter "
+                        f"may have imported them): start a new session for other versions; "
+                        f"uv says: {exc.detail}",
+                    ) from None
+                raise
         pins = []
         for line in out.splitlines():
             line = line.split(";", 1)[0].strip()
@@ -223,8 +341,8 @@ class PackageCache:
     async def _install(self, key: str, pins: tuple[str, ...], python: str) -> None:
         lock_path = self.root / f"{key}.lock"
         with lock_path.open("w") as lock:
-            await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)  # another process's
-            if (self.root / key / _MARKER).exists():
+            await self._flock(lock, pins)  # another process's install of the same set
+            if (self.root / key).is_dir():
                 return
             staging = self.root / f".staging-{key}-{secrets.token_hex(4)}"
             try:
@@ -237,36 +355,69 @@ class PackageCache:
                 args += ["--link-mode", "copy"]
                 args += self.index_args
                 await self._uv([*args, *pins], None, pins)
-                odd = _not_plain(staging)
-                if odd is not None:
-                    # A link would be followed when a session's copy is hard-linked (to a
-                    # host file on the cache's file system): a layer holds only plain files.
-                    raise PackageRefused(
-                        None, "failed", f"the set installs {odd}, which is not a plain file"
-                    )
-                size = _size(staging)
-                if size > self.max_layer_bytes:
-                    raise PackageRefused(
-                        None,
-                        "too large",
-                        f"the set takes {size:,} bytes installed; at most "
-                        f"{self.max_layer_bytes:,} are allowed",
-                    )
-                (staging / _MARKER).write_text("\n".join(pins) + "\n")
-                _read_only(staging)
-                final = self.root / key
-                if final.exists():  # an install that did not finish: its marker is missing
-                    remove_tree(final)
-                staging.rename(final)
+                await asyncio.to_thread(self._seal, staging, key, pins)
                 self.installs += 1
             finally:
                 if staging.exists():
-                    remove_tree(staging)
+                    await asyncio.to_thread(remove_tree, staging)
+
+    def _seal(self, staging: Path, key: str, pins: tuple[str, ...]) -> None:
+        """Check an installed set, make it read-only and put it in place (one rename)."""
+        odd = _not_plain(staging)
+        if odd is not None:
+            # A link would be followed when a session's copy is hard-linked (to a host file
+            # on the cache's file system): a layer holds only plain files.
+            raise PackageRefused(
+                None, "failed", f"the set installs {odd}, which is not a plain file"
+            )
+        size = _size(staging)
+        if size > self.max_layer_bytes:
+            raise PackageRefused(
+                None,
+                "too large",
+                f"the set takes {size:,} bytes installed; at most "
+                f"{self.max_layer_bytes:,} are allowed",
+            )
+        (staging / MARKER).write_text("\n".join(pins) + "\n")
+        _read_only(staging)
+        staging.rename(self.root / key)
+
+    async def _flock(self, lock: IO[str], pins: Sequence[str]) -> None:
+        """Take ``lock`` (another process may hold it while it installs), within the timeout."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                while True:
+                    try:
+                        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        return
+                    except BlockingIOError:
+                        await asyncio.sleep(0.05)
+        except TimeoutError:
+            raise PackageRefused(
+                None, "timed out", f"another install of {list(pins)} took over {self.timeout:g} s"
+            ) from None
 
     async def _uv(self, args: list[str], stdin: str | None, wanted: Sequence[str]) -> str:
+        if self._uv_slots.locked() and self._waiting >= self._max_waiting:
+            raise PackageRefused(None, "busy", "too many installs are waiting; retry later")
+        self._waiting += 1
+        try:
+            await self._uv_slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            return await self._run_uv(args, stdin, wanted)
+        finally:
+            self._uv_slots.release()
+
+    async def _run_uv(self, args: list[str], stdin: str | None, wanted: Sequence[str]) -> str:
+        # In the cache, not the service's directory: no project's uv settings apply. Without
+        # uv's own cache, which nothing would bound: the layers are the cache.
         process = await asyncio.create_subprocess_exec(
             self.uv,
             *args,
+            "--no-cache",
+            cwd=self.root,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -275,31 +426,39 @@ class PackageCache:
             async with asyncio.timeout(self.timeout):
                 out, err = await process.communicate(stdin.encode() if stdin else None)
         except TimeoutError:
-            process.kill()
-            await process.wait()
             raise PackageRefused(
                 None, "timed out", f"uv took more than {self.timeout:g} s for {list(wanted)}"
             ) from None
+        finally:
+            if process.returncode is None:  # timed out, or cancelled: uv must not go on
+                process.kill()
+                await asyncio.shield(process.wait())
         if process.returncode != 0:
             raise _refusal(err.decode("utf-8", "replace"), wanted)
         return out.decode("utf-8", "replace")
 
     def _evict(self, *, keep: str) -> None:
-        """Remove the least recently used layers until the cache is within its bound."""
+        """Remove the least recently used layers until the cache is within its bound; never
+        one in use here, nor one another process is installing."""
         layers = []
         for path in self.root.iterdir():
-            marker = path / _MARKER
-            if path.name == keep or not marker.exists():
+            if path.name == keep or path.name in self._in_use or not (path / MARKER).exists():
                 continue
+            used = self.root / f"{path.name}{_USED}"
             with contextlib.suppress(OSError):
-                layers.append((marker.stat().st_mtime, path))
+                layers.append((used.stat().st_mtime if used.exists() else 0.0, path))
         total = sum(_size(path) for _, path in layers) + _size(self.root / keep)
         for _, path in sorted(layers):
             if total <= self.max_total_bytes:
                 break
-            size = _size(path)
-            remove_tree(path)
-            total -= size
+            with (self.root / f"{path.name}.lock").open("w") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                size = _size(path)
+                remove_tree(path)
+                total -= size
 
 
 def default_root() -> Path:
@@ -316,12 +475,18 @@ def link_layer(layer: Layer, directory: Path, order: int) -> bool:
     Raises:
         OSError: it cannot be linked (``directory`` is on another file system than the cache).
     """
-    if any(entry.name.endswith(f"-{layer.key}") for entry in directory.iterdir()):
+    if not layer.pins or any(e.name.endswith(f"-{layer.key}") for e in directory.iterdir()):
         return False
     # symlinks=True: should one be there, it is copied as a link (resolved in the sandbox),
-    # never followed to a host file (layers hold none: see _not_plain).
-    target = directory / f"{order:03d}-{layer.key}"
-    shutil.copytree(layer.path, target, symlinks=True, copy_function=_link)
+    # never followed to a host file (layers hold none: see _not_plain). Under a hidden name
+    # first, renamed once whole: a copy that failed half-way is never taken for the layer.
+    partial = directory / f".linking-{layer.key}"
+    try:
+        shutil.copytree(layer.path, partial, symlinks=True, copy_function=_link)
+        partial.rename(directory / f"{order:03d}-{layer.key}")
+    finally:
+        if partial.exists():
+            remove_tree(partial)
     return True
 
 
@@ -333,9 +498,10 @@ def _refusal(message: str, wanted: Sequence[str]) -> PackageRefused:
     """What uv's error says, as a refusal naming the requirement it names, if any."""
     text = " ".join(message.split())[:_MESSAGE_CHARS].rstrip(".")
     lowered = text.lower()
-    # The requirement uv names: as written (``tinypkg==9.9``), else by its project's name.
-    named = max((r for r in wanted if r.lower() in lowered), key=len, default=None) or next(
-        (r for r in wanted if canonicalize_name(Requirement(r).name) in lowered), None
+    # The requirement uv names: as written (``tinypkg==9.9``), else by its project's name,
+    # whole words only (``six`` is not named by ``sixel``).
+    named = max((r for r in wanted if _names(lowered, r.lower())), key=len, default=None) or next(
+        (r for r in wanted if _names(lowered, canonicalize_name(Requirement(r).name))), None
     )
     if any(s in lowered for s in ("no wheels", "wheels are required", "from source is disabled")):
         why: Why = "no wheel"
@@ -344,6 +510,12 @@ def _refusal(message: str, wanted: Sequence[str]) -> PackageRefused:
     else:
         why = "failed"
     return PackageRefused(named, why, text or "uv failed without a message")
+
+
+def _names(text: str, word: str) -> bool:
+    return (
+        re.search(rf"(?<![a-z0-9._-]){re.escape(word)}(?![a-z0-9_-]|\.[a-z0-9])", text) is not None
+    )
 
 
 def _not_plain(path: Path) -> str | None:
@@ -372,6 +544,7 @@ def _read_only(path: Path) -> None:
             os.chmod(os.path.join(root, name), 0o444)
         for name in dirs:
             os.chmod(os.path.join(root, name), 0o555)
+    os.chmod(path, 0o555)
 
 
 def remove_tree(path: Path) -> None:

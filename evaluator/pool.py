@@ -251,7 +251,7 @@ class SandboxPool:
             log.exception("could not remove the working directory %s", sandbox.workdir.path)
         if self._on_dispose is not None:
             try:
-                self._on_dispose(sandbox)
+                await asyncio.to_thread(self._on_dispose, sandbox)
             except OSError:
                 log.exception("could not clean up after the sandbox %s", sandbox.workdir.path)
         # Its processes are gone (reaped, and the cgroup emptied): the uid may serve again.

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import logging
 import os
 import secrets
 import shutil
 import signal
+import stat
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -41,6 +43,7 @@ from .live import LiveSessions
 from .models import Limit
 from .packages import (
     IN_SANDBOX,
+    MARKER,
     Layer,
     PackageCache,
     PackageRefused,
@@ -111,8 +114,9 @@ class Evaluator:
         self._packages: PackageCache | None = None
         self._packages_off = "turned off by configuration (EVALUATOR_PACKAGES=off)"
         # The preinstalled set of each interpreter but the default (python_packages).
-        self._base_layers: dict[str, asyncio.Task[Layer | None]] = {}
+        self._preinstalls: list[asyncio.Task[Layer | None]] = []
         self._sandbox_layers = Path("/nonexistent")  # this evaluator's, in the package cache
+        self._sandbox_layers_lock: int | None = None  # held while it lives (see _sweep)
 
     async def __aenter__(self) -> Evaluator:
         await self.start()
@@ -148,8 +152,8 @@ class Evaluator:
         if not config.unsandboxed:
             check_prerequisites(config.bwrap)
             self._view = sandbox_view(config, [p.path for p in self._pythons[1:]])
-        self._packages = self._package_cache(uv)
         self._users = RunUsers.for_service(config.sandbox_uid, config.sandbox_uids)
+        self._packages = self._package_cache(uv)
         self._cgroups = Cgroups.detect(
             config.cgroup_name, config.memory_limit * MiB, config.pids_limit, config.cpu_limit
         )
@@ -185,10 +189,9 @@ class Evaluator:
             log.log(logging.INFO if limit.enforced else logging.WARNING, "limit %s", limit)
         pool.refill()
         if self._packages is not None and config.python_packages:
+            # Ahead of the first run on each, which would otherwise wait for it.
             for python in self._pythons[1:]:
-                self._base_layers[python.path] = asyncio.ensure_future(
-                    self._base_layer(self._packages, python)
-                )
+                self._preinstalls.append(asyncio.ensure_future(self._base_layer(python)))
         if not config.unsandboxed:
             self._fontlist_task = asyncio.ensure_future(self._build_fontlist(pool))
         self._bytecode_task = asyncio.ensure_future(asyncio.to_thread(self._check_bytecode))
@@ -228,14 +231,24 @@ class Evaluator:
         root = Path(config.package_cache) if config.package_cache else default_root()
         sandboxes = root / _SANDBOXES
         try:
-            sandboxes.mkdir(parents=True, exist_ok=True)
-            root.chmod(0o755)  # the runs' users traverse it to their own layers
+            # The operator's directory is left as it is (it may be /var/cache, or shared); the
+            # runs' users must be able to traverse it to their own layers.
+            if not root.exists():
+                root.mkdir(parents=True)
+                root.chmod(0o755)
+            if self._users.dropping and not root.stat().st_mode & stat.S_IXOTH:
+                raise OSError(f"{root} is not searchable by others (the runs' users)")
+            if not sandboxes.exists():
+                sandboxes.mkdir()
             sandboxes.chmod(0o755)
             _sweep(sandboxes)
             own = sandboxes / f"{os.getpid()}-{secrets.token_hex(4)}"
-            own.mkdir(mode=0o755)
+            own.mkdir()
+            own.chmod(0o755)
+            self._sandbox_layers_lock = os.open(own, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fcntl.flock(self._sandbox_layers_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            self._packages_off = f"the package cache {root} cannot be made: {exc}"
+            self._packages_off = f"the package cache {root} cannot be used: {exc}"
             log.warning("no package can be installed: %s", self._packages_off)
             return None
         self._sandbox_layers = own
@@ -256,17 +269,23 @@ class Evaluator:
             timeout=config.package_timeout,
         )
 
-    async def _base_layer(self, cache: PackageCache, python: Interpreter) -> Layer | None:
-        """``python_packages`` for ``python``, so that it offers what the default one does."""
-        wanted = self.config.python_packages
+    async def _base_layer(self, python: Interpreter) -> Layer | None:
+        """``python_packages`` for ``python``, so that it offers what the default one does:
+        asked for at every run on it (a few ms once installed; installed again if evicted)."""
+        wanted, cache = self.config.python_packages, self._packages
+        if cache is None or not wanted:
+            return None
         try:
-            layer = await cache.layer(wanted, python.path, trusted=True)
+            layer = await cache.layer(wanted, python.path, tag=_tag(python), trusted=True)
         except PackageRefused as exc:
             log.warning(
                 "Python %s is offered without %s: %s", python.version, ", ".join(wanted), exc
             )
             return None
-        log.info("Python %s has %s (%.1f s)", python.version, " ".join(layer.pins), layer.seconds)
+        if not layer.cached:
+            log.info(
+                "Python %s has %s (%.1f s)", python.version, " ".join(layer.pins), layer.seconds
+            )
         return layer
 
     def _make_pool(self) -> SandboxPool:
@@ -311,14 +330,20 @@ class Evaluator:
         command = [self._executable(request.executable_path), *_lstrip_empty(request.argv)]
         if any("\0" in arg for arg in command):
             return EvalResult("ValueError: embedded null byte", None)
+        session = request.session
+        if session is not None and request.session_resume and not self._live_touch(session):
+            raise SessionNotFound(session)  # before any install: nothing runs
         try:
-            layers = await self._layers(request.packages, command[0])
+            asked, layers = await self._layers(request.packages, command[0], request.session)
         except PackageRefused as exc:
-            return EvalResult(_refused(exc), None, ended_by="packages_refused")
-        result = await self._run_with(command, request, layers)
-        if not request.packages:
+            # A live session's interpreter goes on; one not started yet was not started.
+            ended = False if session is not None and self._live_touch(session) else None
+            return EvalResult(exc.answer, None, ended_by="packages_refused", session_ended=ended)
+        cache = self._packages
+        with cache.holding(layers) if cache is not None else contextlib.nullcontext():
+            result = await self._run_with(command, request, layers)
+        if asked is None:
             return result
-        asked = layers[0]
         return replace(result, installed=asked.pins, install_seconds=round(asked.seconds, 4))
 
     async def _run_with(
@@ -343,24 +368,55 @@ class Evaluator:
             finally:
                 pool.retire(sandbox)
 
-    async def _layers(self, packages: Sequence[str], executable: str) -> list[Layer]:
-        """The layers a run of ``executable`` gets: the set it asks for (first), then its
-        interpreter's preinstalled set, if it is not the default one.
+    def _live_touch(self, session: str) -> bool:
+        return self._live is not None and self._live.touch(session)
+
+    async def _layers(
+        self, packages: Sequence[str], executable: str, session: str | None
+    ) -> tuple[Layer | None, list[Layer]]:
+        """The set a run of ``executable`` asks for (``None``: none), and the layers it gets:
+        that set, then its interpreter's preinstalled set if it is not the default one (only
+        those with packages: a set that resolves to nothing has nothing to bind). In a live
+        session, the set keeps the versions its interpreter has already (they may be
+        imported).
 
         Raises:
             PackageRefused: the asked-for set cannot be installed.
         """
+        python = next((p for p in self._pythons if p.path == executable), None)
+        asked = None
         layers = []
         if packages:
             if self._packages is None:
-                raise PackageRefused(packages[0], "not allowed", self._packages_off)
-            layers.append(await self._packages.layer(packages, executable))
-        base = self._base_layers.get(executable)
-        if base is not None:
-            found = await asyncio.shield(base)
-            if found is not None:
-                layers.append(found)
-        return layers
+                raise PackageRefused(", ".join(packages), "not allowed", self._packages_off)
+            if python is None:
+                # uv would run that program on the host to learn what it is.
+                offered = ", ".join(p.path for p in self._pythons)
+                raise PackageRefused(
+                    None, "not allowed", f"packages are installed only for {offered}"
+                )
+            had = self._session_pins(session) if session is not None else ()
+            asked = await self._packages.layer(
+                packages, executable, tag=_tag(python), constraints=had
+            )
+            layers.append(asked)
+        if python is not None and not python.default:
+            base = await self._base_layer(python)
+            if base is not None:
+                layers.append(base)
+        return asked, [layer for layer in layers if layer.pins]
+
+    def _session_pins(self, session: str) -> tuple[str, ...]:
+        """The pins of the layers linked into a live session's directory."""
+        sandbox = self._live.sandbox_of(session) if self._live is not None else None
+        if sandbox is None or self._packages is None:
+            return ()
+        pins: set[str] = set()
+        directory = self._packages_dir(sandbox.workdir)
+        for marker in directory.glob(f"*/{MARKER}") if directory.exists() else ():
+            with contextlib.suppress(OSError):
+                pins.update(marker.read_text().split())
+        return tuple(sorted(pins))
 
     def info(self) -> ServiceInfo:
         """What ``GET /info`` says: sessions, limits, interpreters and the package policy."""
@@ -474,12 +530,15 @@ class Evaluator:
         if self._bytecode_task is not None:  # a thread: it cannot be cancelled
             await asyncio.gather(self._bytecode_task, return_exceptions=True)
             self._bytecode_task = None
-        for task in self._base_layers.values():
+        for task in self._preinstalls:
             task.cancel()
-        await asyncio.gather(*self._base_layers.values(), return_exceptions=True)
-        self._base_layers.clear()
+        await asyncio.gather(*self._preinstalls, return_exceptions=True)
+        self._preinstalls.clear()
         if self._packages is not None and self._sandbox_layers.exists():
-            remove_tree(self._sandbox_layers)
+            await asyncio.to_thread(remove_tree, self._sandbox_layers)
+        if self._sandbox_layers_lock is not None:
+            os.close(self._sandbox_layers_lock)
+            self._sandbox_layers_lock = None
         self._pool = None
         self._users.close()
         if self._root is not None:
@@ -718,24 +777,26 @@ def _ended_by(outcome: Outcome, cgroup: RunCgroup | None) -> EndedBy | None:
     return "memory_limit" if kills else "exit"
 
 
-def _refused(exc: PackageRefused) -> str:
-    """A refusal, as the answer's ``stdout`` says it."""
-    if exc.requirement is None:
-        return (
-            f"The packages could not be installed ({exc.why}): {exc.detail}. The code did not run."
-        )
-    return (
-        f"The package requirement {exc.requirement!r} was refused ({exc.why}): {exc.detail}. "
-        "The code did not run."
-    )
-
-
 def _sweep(sandboxes: Path) -> None:
-    """Remove the layer directories of evaluators that are gone (their pid is not alive)."""
+    """Remove the layer directories of evaluators that are gone: each holds a lock on its own
+    while it lives (whatever its pid namespace)."""
     for directory in sandboxes.iterdir():
-        pid = directory.name.split("-", 1)[0]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            remove_tree(directory)
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its evaluator lives
+        finally:
+            os.close(fd)
+        remove_tree(directory)
+
+
+def _tag(python: Interpreter) -> str:
+    """What names an interpreter in a layer's key: its real binary and its version."""
+    return f"{os.path.realpath(python.path)} {python.version}"
 
 
 def _lstrip_empty(args: tuple[str, ...]) -> list[str]:

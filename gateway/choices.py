@@ -10,19 +10,25 @@ refused with a message saying what is offered instead.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["ChoiceRefused", "Choices", "Offer", "Script", "choose", "script_metadata"]
+__all__ = [
+    "MAX_PACKAGES",
+    "MAX_REQUIREMENT",
+    "ChoiceRefused",
+    "Choices",
+    "Offer",
+    "Script",
+    "choose",
+    "script_metadata",
+]
 
-# PEP 723's own expression for a metadata block.
-_BLOCK = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
-#: Requirements one call may ask for.
-MAX_PACKAGES = 64
+#: Requirements one call (and one session) may ask for, and the length of one.
+MAX_PACKAGES, MAX_REQUIREMENT = 64, 200
 
 
 class ChoiceRefused(Exception):
@@ -65,15 +71,12 @@ def script_metadata(code: str) -> Script:
     Raises:
         ChoiceRefused: there are two, or it is not valid TOML with the fields' types.
     """
-    blocks = [m for m in _BLOCK.finditer(code) if m["type"] == "script"]
+    blocks = _blocks(code)
     if not blocks:
         return Script()
     if len(blocks) > 1:
         raise ChoiceRefused("The code has more than one '# /// script' block (PEP 723): keep one.")
-    content = "".join(
-        line[2:] if line.startswith("# ") else line[1:]
-        for line in blocks[0]["content"].splitlines(keepends=True)
-    )
+    content = blocks[0]
     try:
         data = tomllib.loads(content)
     except tomllib.TOMLDecodeError as exc:
@@ -89,6 +92,33 @@ def script_metadata(code: str) -> Script:
     return Script(requires, None if dependencies is None else tuple(dependencies))
 
 
+def _blocks(code: str) -> list[str]:
+    """The contents of the ``script`` blocks of ``code``, read line by line as PEP 723 says
+    (its reference expression backtracks for seconds on many unclosed openings)."""
+    blocks: list[str] = []
+    lines = code.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i] != "# /// script":
+            i += 1
+            continue
+        content: list[str] = []
+        j = i + 1
+        while j < len(lines) and (lines[j] == "#" or lines[j].startswith("# ")):
+            if lines[j] == "# ///":
+                break
+            content.append(lines[j][2:])
+            j += 1
+        if j < len(lines) and lines[j] == "# ///":
+            blocks.append("\n".join(content) + "\n")
+            i = j + 1
+        else:
+            # Not closed: not a block, nor is any opening among these lines (they end at the
+            # same place), so the scan goes on after them: linear, whatever the code.
+            i = max(j, i + 1)
+    return blocks
+
+
 def choose(
     *,
     python: str | None,
@@ -97,11 +127,13 @@ def choose(
     offers: tuple[Offer, ...],
     installs: bool,
     why_no_installs: str,
+    prefer: Offer | None = None,
 ) -> Choices:
     """The Python and packages of a call: its arguments, else its script block.
 
     ``offers``: the versions the service runs, the default first (empty: one, not named).
     ``installs``: whether the service installs packages; ``why_no_installs`` says why not.
+    ``prefer``: the Python a ``requires-python`` keeps when it allows it (a session's).
 
     Raises:
         ChoiceRefused: a version not offered, no offered version meets the block's
@@ -118,6 +150,8 @@ def choose(
     wanted = tuple(dict.fromkeys(d.strip() for d in wanted or () if d.strip()))
     if len(wanted) > MAX_PACKAGES:
         raise ChoiceRefused(f"At most {MAX_PACKAGES} packages may be asked for in one call.")
+    if any(len(d) > MAX_REQUIREMENT for d in wanted):
+        raise ChoiceRefused(f"A requirement is longer than {MAX_REQUIREMENT} characters.")
     if wanted and not installs:
         raise ChoiceRefused(
             f"Packages cannot be installed here ({why_no_installs}); asked for: "
@@ -132,6 +166,8 @@ def choose(
                     f"python {python} was used, which the script block's requires-python "
                     f"({script.requires_python}) does not allow"
                 )
+        elif prefer is not None and _meets(prefer.version, specifier):
+            chosen = prefer
         else:
             chosen = _meeting(specifier, offers, script.requires_python or "")
     return Choices(chosen, wanted, tuple(notes))

@@ -44,7 +44,7 @@ from snekbox_client import (
 from .admission import Admission, Busy
 from .backend import START_PROBE_TIMEOUT, Backend
 from .budget import INLINE_FILE_BYTES
-from .choices import ChoiceRefused, Choices, Offer, choose, script_metadata
+from .choices import MAX_PACKAGES, ChoiceRefused, Choices, Offer, choose, script_metadata
 from .code_sessions import CodeSession, CodeSessions, SessionGone
 from .environment import CORE, ENVIRONMENT_URI, Environment
 from .failures import GATEWAY_FAILED, ServiceFailure, explain, failure_kind
@@ -386,8 +386,7 @@ class Gateway:
                 )
                 session = self._session(session_id)
                 self._check_room(session, uploads)
-                choices = self._choices(code, python, packages, session)
-            except (UploadRefused, SessionGone, ChoiceRefused) as exc:
+            except (UploadRefused, SessionGone) as exc:
                 outcome = "refused"
                 raise ToolError(str(exc)) from exc
             log.update(session_id=session.id, files_sent=len(uploads))
@@ -396,6 +395,11 @@ class Gateway:
                 if not self.sessions.is_open(session):  # closed while this call waited
                     outcome = "refused"
                     raise ToolError(str(self.sessions.gone(session.id)))
+                try:  # under the lock: as the call before left the session
+                    choices = self._choices(code, python, packages, session)
+                except ChoiceRefused as exc:
+                    outcome = "refused"
+                    raise ToolError(str(exc)) from exc
                 self.sessions.touch(session)
                 try:
                     result = await self._evaluate_with_progress(
@@ -525,28 +529,34 @@ class Gateway:
         Raises:
             ChoiceRefused: they cannot be had here, or the session runs another Python.
         """
+        offers = self.offers()
+        current = next((o for o in offers if o.executable_path == session.python), None)
+        kept = self.live_backend and session.live  # its interpreter runs that Python
         choices = choose(
             python=python,
             packages=packages,
             script=script_metadata(code),
-            offers=self.offers(),
+            offers=offers,
             installs=self.service_info.packages in ("any", "allow-list"),
             why_no_installs=self._why_no_installs(),
+            prefer=current if session.calls else None,
         )
         chosen = choices.python.executable_path if choices.python is not None else None
-        if self.live_backend and session.calls:
-            if chosen != session.python and (python is not None or choices.python is not None):
-                running = next(
-                    (o.version for o in self.offers() if o.executable_path == session.python),
-                    "its first call's",
-                )
-                raise ChoiceRefused(
-                    f"This session runs Python {running}; a session keeps its interpreter. "
-                    "Omit session_id to start a new session with another Python."
-                )
-            chosen = session.python
+        if kept and choices.python is not None and chosen != session.python:
+            running = current.version if current is not None else "another version"
+            raise ChoiceRefused(
+                f"This session runs Python {running}; a session keeps its interpreter. "
+                "Omit session_id to start a new session with another Python."
+            )
+        if choices.python is None and session.calls:
+            chosen = session.python  # unasked: the session's own
         packages_all = tuple(dict.fromkeys((*session.packages, *choices.packages)))
-        python_offer = next((o for o in self.offers() if o.executable_path == chosen), None)
+        if len(packages_all) > MAX_PACKAGES:
+            raise ChoiceRefused(
+                f"This session would have {len(packages_all)} packages; at most {MAX_PACKAGES} "
+                "are kept for a session. Start a new session for other packages."
+            )
+        python_offer = next((o for o in offers if o.executable_path == chosen), None)
         return replace(choices, python=python_offer, packages=packages_all)
 
     def _install_time(self, choices: Choices) -> float:
@@ -616,7 +626,8 @@ class Gateway:
         self, session: CodeSession, uploads: dict[str, bytes], result: EvalResult
     ) -> SessionView:
         """Keep what the run wrote in the session, within its bytes; say what was kept."""
-        session.calls += 1
+        if result.ended_by != "packages_refused":  # it did not run: no call of the session
+            session.calls += 1
         session.live = result.session_ended is False
         session.files.update(uploads)
         kept: dict[str, bool] = {}

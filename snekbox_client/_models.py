@@ -286,7 +286,7 @@ class EvalResult:
 
 
 #: Pins an answer's ``installed`` may list, and the characters of one.
-_MAX_PINS, _MAX_PIN_CHARS = 500, 200
+_MAX_PINS, _MAX_PIN_CHARS = 200, 120
 
 
 def installed_from_answer(value: Any) -> tuple[str, ...] | None:
@@ -301,7 +301,7 @@ def installed_from_answer(value: Any) -> tuple[str, ...] | None:
         raise InvalidResponse(f"'{INSTALLED_FIELD}' is neither a string nor null")
     pins = tuple(value.split())
     if len(pins) > _MAX_PINS or not all(
-        len(pin) <= _MAX_PIN_CHARS and pin.count("==") == 1 and pin.isprintable() for pin in pins
+        len(pin) <= _MAX_PIN_CHARS and _PIN.fullmatch(pin) for pin in pins
     ):
         raise InvalidResponse(f"'{INSTALLED_FIELD}' is not a list of name==version pins")
     return pins
@@ -315,7 +315,7 @@ def install_seconds_from_answer(value: Any) -> float | None:
     """
     if value is None:
         return None
-    if not _is_number(value) or value < 0:
+    if not _is_number(value) or not 0 <= value <= 86_400:
         raise InvalidResponse(f"'{INSTALL_SECONDS_FIELD}' is not a non-negative number")
     return float(value)
 
@@ -394,6 +394,7 @@ class Python:
 _MAX_PYTHONS, _MAX_ALLOWED, _MAX_NAME = 32, 1000, 200
 _VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?[A-Za-z0-9+.]*")
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_PIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9!+._-]+")
 
 
 @dataclass(frozen=True)
@@ -478,7 +479,7 @@ def _pythons_from_info(value: Any) -> tuple[Python, ...]:
     for item in value:
         version = item.get("version") if isinstance(item, dict) else None
         path = item.get("executable_path") if isinstance(item, dict) else None
-        if not isinstance(version, str) or not _VERSION.fullmatch(version[:_MAX_NAME]):
+        if not isinstance(version, str) or len(version) > 32 or not _VERSION.fullmatch(version):
             raise InvalidResponse("a 'pythons' entry has no valid 'version'")
         if not isinstance(path, str) or not path.startswith("/") or len(path) > 4096:
             raise InvalidResponse("a 'pythons' entry has no absolute 'executable_path'")

@@ -8,6 +8,7 @@ cell is a real sandbox: the layer is read-only there and the network stays unrea
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -35,6 +36,12 @@ OTHER_MINOR = OTHER.name.removeprefix("python") if OTHER is not None else ""
 needs_other = pytest.mark.skipif(OTHER is None, reason=f"none of {_PYENV} is here")
 
 
+def searchable(directory: Path) -> Path:
+    """A package cache the runs' users can traverse (pytest makes its directories 0700)."""
+    directory.chmod(0o755)
+    return directory
+
+
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wheels(tmp_path_factory.mktemp("index"))
@@ -47,7 +54,7 @@ async def evaluator(
     pythons = (str(OTHER),) if OTHER is not None else ()
     settings = config(
         package_index=str(index),
-        package_cache=str(tmp_path_factory.mktemp("cache")),
+        package_cache=str(searchable(tmp_path_factory.mktemp("cache"))),
         pythons=pythons,
         python_packages=("tinypkg==1.0",),
         max_sessions=4,
@@ -129,6 +136,41 @@ async def test_a_refused_requirement_is_named_with_why_and_the_code_does_not_run
     assert "The code did not run" in result["stdout"] and "RAN" not in result["stdout"]
 
 
+async def test_packages_are_installed_only_for_an_offered_interpreter(
+    client: httpx.AsyncClient, evaluator: Evaluator
+) -> None:
+    # Any executable the sandbox can see may be named; uv would run it on the host.
+    bin_dir = Path(evaluator.config.executable).parent
+    script = next(
+        p
+        for p in sorted(bin_dir.iterdir())
+        if p.is_file() and os.access(p, os.X_OK) and not p.name.startswith("python")
+    )
+    result = await run(client, "print('RAN')", executable_path=str(script), packages=["tinypkg"])
+    assert result["ended_by"] == "packages_refused" and "RAN" not in result["stdout"]
+    assert "not allowed): packages are installed only for " in result["stdout"]
+
+
+async def test_a_set_its_markers_exclude_installs_nothing_and_runs(
+    client: httpx.AsyncClient,
+) -> None:
+    result = await run(client, "print('RAN')", packages=['tinypkg; sys_platform == "win32"'])
+    assert result["stdout"] == "RAN\n" and result["installed"] == ""
+
+
+async def test_the_layer_directories_of_a_gone_evaluator_are_swept(
+    index: Path, tmp_path: Path
+) -> None:
+    root = searchable(tmp_path)
+    gone = root / ".sandboxes" / "12345-gone" / "sandbox"
+    gone.mkdir(parents=True)
+    settings = config(package_index=str(index), package_cache=str(root), pythons=())
+    async with Evaluator(settings), Evaluator(settings):  # a second one keeps the first's
+        left = sorted(p.name for p in (root / ".sandboxes").iterdir())
+    assert len(left) == 2 and "12345-gone" not in left
+    assert not list((root / ".sandboxes").iterdir())  # each removes its own
+
+
 async def test_the_sandbox_stays_offline_with_packages(client: httpx.AsyncClient) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -160,13 +202,31 @@ async def test_a_session_imports_packages_a_later_cell_adds_without_a_restart(
     )  # fmt: skip
     assert second["stdout"] == "1 True\n", second
     assert second["installed"] == "tinypkg==1.0"
+    # A later set keeps the versions the session has (tinypkg 1.0, imported already).
     third = await run(
-        client, "import withdep, tinypkg; print(withdep.VALUE, os.getpid() == x)",
-        packages=["withdep==2.0", "tinypkg==1.1"], **session,
+        client, "import withdep; print(withdep.VALUE, os.getpid() == x)",
+        packages=["withdep==2.0"], **session,
     )  # fmt: skip
-    # tinypkg 1.0 was imported already: the interpreter keeps it, and says so.
-    assert third["stdout"].endswith("1 True\n"), third
-    assert "note: tinypkg was imported in this session before this call added" in third["stdout"]
+    assert third["stdout"] == "1 True\n", third
+    assert third["installed"] == "tinypkg==1.0 withdep==2.0"
+    other = await run(client, "print(x)", packages=["tinypkg==1.1"], **session)
+    assert other["ended_by"] == "packages_refused" and other["session_ended"] is False
+    assert (
+        "'tinypkg==1.1' was refused (conflict): this session has tinypkg==1.0" in (other["stdout"])
+    )
+    after = await run(client, "print(os.getpid() == x)", **session)
+    assert after["stdout"] == "True\n"
+
+
+async def test_a_module_imported_before_its_package_was_added_is_said_to_stay(
+    client: httpx.AsyncClient,
+) -> None:
+    session = {"session": "imported-before"}
+    await run(
+        client, "import sys, types; sys.modules['tinypkg'] = types.ModuleType('x')", **session
+    )
+    added = await run(client, "print(hasattr(tinypkg, 'VALUE'))", packages=["tinypkg"], **session)
+    assert "note: tinypkg was imported in this session before this call added" in added["stdout"]
 
 
 async def test_packages_turned_off_are_refused_by_name() -> None:
@@ -187,7 +247,8 @@ async def test_packages_turned_off_are_refused_by_name() -> None:
 
 async def test_an_allow_list_refuses_the_others(index: Path, tmp_path: Path) -> None:
     settings = config(
-        packages="tinypkg, withdep", package_index=str(index), package_cache=str(tmp_path),
+        packages="tinypkg, withdep", package_index=str(index),
+        package_cache=str(searchable(tmp_path)),
         pythons=(),
     )  # fmt: skip
     async with Evaluator(settings) as evaluator:

@@ -17,6 +17,7 @@ import pytest
 from mcp import Client
 
 from python_mcp_server import Settings, create_app
+from tests.evaluator.test_run_packages import searchable
 from tests.gateway.conftest import with_evaluator
 from tests.gateway.harness import ServiceProcess
 from tests.support import call_code, connect, facts, serve, text_of
@@ -44,7 +45,7 @@ def package_settings(
         settings,
         time_limit=20.0,
         package_index=str(index),
-        package_cache=str(tmp_path_factory.mktemp("cache")),
+        package_cache=str(searchable(tmp_path_factory.mktemp("cache"))),
         pythons=(str(PY313),) if HAS_313 else (),
         python_packages=(),
     )
@@ -144,6 +145,16 @@ async def test_a_sessions_packages_stay_for_its_later_calls(url: str) -> None:
     assert after["stdout"] == "41\n"  # the refused one is not asked for again
 
 
+async def test_a_session_whose_first_call_was_refused_starts_with_its_next(url: str) -> None:
+    async with connect(url, "http") as client:
+        refused = facts(await call_code(client, "x = 1", packages=["sourceonly"]))
+        session = {"session_id": refused["session_id"]}
+        after = facts(await call_code(client, "x = 2; print(x)", **session))
+        again = facts(await call_code(client, "print(x + 1)", **session))
+    assert refused["status"] == "packages_refused"
+    assert after["stdout"] == "2\n" and again["stdout"] == "3\n"
+
+
 @needs_313
 async def test_a_call_chooses_an_offered_python_and_a_session_keeps_it(url: str) -> None:
     code = "import sys; print('%d.%d' % sys.version_info[:2])"
@@ -154,6 +165,8 @@ async def test_a_call_chooses_an_offered_python_and_a_session_keeps_it(url: str)
         unknown = await call_code(client, code, python="3.9")
         switch = await call_code(client, code, python="3.11", session_id=chosen["session_id"])
         kept = facts(await call_code(client, code, session_id=chosen["session_id"]))
+        allows = '# /// script\n# requires-python = ">=3.11"\n# ///\n' + code
+        kept_by_block = facts(await call_code(client, allows, session_id=chosen["session_id"]))
         block = '# /// script\n# requires-python = ">=3.13"\n# ///\n'
         by_block = facts(await call_code(client, block + code))
         with_packages = facts(
@@ -165,6 +178,7 @@ async def test_a_call_chooses_an_offered_python_and_a_session_keeps_it(url: str)
     assert "3.13.0" in text_of(unknown)
     assert switch.is_error and "This session runs Python 3.13.0" in text_of(switch)
     assert kept["stdout"] == "3.13\n" and by_block["stdout"] == "3.13\n"
+    assert kept_by_block["stdout"] == "3.13\n"  # the session's Python meets the block
     assert with_packages["stdout"] == "3.13\n" and with_packages["status"] == "ok"
 
 
