@@ -4,9 +4,10 @@ then what a run with a cached set costs, against the same run without packages.
 Uses the index uv is configured with (PyPI here), a fresh cache each run, for a small
 pure-Python package (tabulate) and one with a compiled extension (markupsafe), and prints the
 ratio of the cached call to the first one, measured side by side in one run. The second part
-runs a numpy + matplotlib plot through the built-in evaluator, interleaved: without packages
-(a warm sandbox), with a cached set (a one-shot run with packages starts cold), and as a
-session's cell that adds the set (the layer linked into its running interpreter).
+runs a numpy + matplotlib plot through the built-in evaluator, interleaved, each once the warm
+sandboxes are back (as between an agent's calls): without packages, with a cached set (its
+layer linked into a warm sandbox: tabulate is not in the environment), and as a session's cell
+that adds the set (the layer linked into its running interpreter).
 
     uv run python bench/bench_packages.py [--python PATH] [-n RUNS]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -62,6 +64,14 @@ async def main() -> None:
     await through_runs(args.n)
 
 
+async def until_warm(evaluator: Evaluator) -> None:
+    """Until the warm sandboxes are back (they warm while the evaluator is idle)."""
+    deadline = time.monotonic() + 30
+    while evaluator.warm_sandboxes < evaluator.config.warm_sandboxes:
+        assert time.monotonic() < deadline, "the warm sandboxes did not come back"
+        await asyncio.sleep(0.05)
+
+
 PLOT = (
     "import numpy as np, matplotlib.pyplot as plt\n"
     "plt.plot(np.arange(1000)); plt.savefig('p.png'); print('ok')"
@@ -71,12 +81,12 @@ PLOT = (
 async def through_runs(n: int) -> None:
     """The plot without packages, with a cached set, and as a session cell adding it."""
     with tempfile.TemporaryDirectory() as root:
+        os.chmod(root, 0o755)  # the runs' users traverse it to their layers
         config = EvaluatorConfig(package_cache=root, pythons=(), concurrency=2)
         async with Evaluator(config) as evaluator:
             await evaluator.run(EvalRequest(input="print(1)", packages=("tabulate==0.9.0",)))
             kinds: dict[str, list[float]] = {"no packages": [], "cached set": [], "cell": []}
             for i in range(n):
-                await asyncio.sleep(1.0)  # as an agent calls: the warm sandboxes are back
                 for kind, times in kinds.items():
                     request = EvalRequest(
                         input=PLOT,
@@ -84,7 +94,9 @@ async def through_runs(n: int) -> None:
                         session=f"bench-{i}" if kind == "cell" else None,
                     )
                     if kind == "cell":  # the session exists, its interpreter warm
+                        await until_warm(evaluator)
                         await evaluator.run(EvalRequest(input="x = 1", session=f"bench-{i}"))
+                    await until_warm(evaluator)  # as between an agent's calls
                     started = time.perf_counter()
                     result = await evaluator.run(request)
                     times.append(time.perf_counter() - started)

@@ -108,6 +108,7 @@ def run(args: "list[str]") -> "tuple[int, ModuleType]":
     main = type(sys)("__main__")
     # What python gives its __main__: the loader of -c code is the built-in importer.
     main.__dict__.update(__builtins__=builtins, __annotations__={}, __loader__=BuiltinImporter)
+    add_packages()  # the run's own layers, if it has any (none of them imported before)
     loaded = _load(args)
     if loaded is None:
         return 2, main

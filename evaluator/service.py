@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
+import json
 import logging
 import os
 import secrets
 import shutil
 import signal
 import stat
+import subprocess
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -117,6 +119,10 @@ class Evaluator:
         self._preinstalls: list[asyncio.Task[Layer | None]] = []
         self._sandbox_layers = Path("/nonexistent")  # this evaluator's, in the package cache
         self._sandbox_layers_lock: int | None = None  # held while it lives (see _sweep)
+        # Top-level names the default interpreter can import (see _fits_warm), and the names
+        # each layer provides.
+        self._importable: frozenset[str] | None = None  # None: not known
+        self._provided: dict[str, frozenset[str]] = {}
 
     async def __aenter__(self) -> Evaluator:
         await self.start()
@@ -154,6 +160,8 @@ class Evaluator:
             self._view = sandbox_view(config, [p.path for p in self._pythons[1:]])
         self._users = RunUsers.for_service(config.sandbox_uid, config.sandbox_uids)
         self._packages = self._package_cache(uv)
+        if self._packages is not None:
+            self._importable = await asyncio.to_thread(_importable, config.executable)
         self._cgroups = Cgroups.detect(
             config.cgroup_name, config.memory_limit * MiB, config.pids_limit, config.cpu_limit
         )
@@ -354,9 +362,10 @@ class Evaluator:
         if request.session is not None:
             return await self._run_in_session(request.session, command, request, layers)
         async with self._slot():
-            # A warm agent has imported numpy and the rest already: a run with packages of
-            # its own (which may be other versions of those) starts cold.
-            warm = self._warm_eligible(command) and not layers
+            # A warm agent has imported numpy and the rest already: a run whose packages
+            # provide a module the environment has (maybe imported, maybe another version)
+            # starts cold.
+            warm = self._warm_eligible(command) and self._fits_warm(layers)
             sandbox = (pool.take_warm() if warm else None) or pool.take()
             try:
                 return await self._run_in(sandbox, command, request, layers)
@@ -367,6 +376,28 @@ class Evaluator:
                 raise
             finally:
                 pool.retire(sandbox)
+
+    def _fits_warm(self, layers: Sequence[Layer]) -> bool:
+        """Whether a warm agent can run with ``layers``: none provides a module the default
+        interpreter can import already (the agent may have imported it, as another version)."""
+        if layers and self._importable is None:
+            return False
+        for layer in layers:
+            provided = self._provided.get(layer.key)
+            if provided is None:
+                try:
+                    entries = os.listdir(layer.path)
+                except OSError:
+                    return False
+                provided = frozenset(
+                    entry.split(".")[0]
+                    for entry in entries
+                    if not entry.startswith(".") and not entry.endswith(".dist-info")
+                )
+                self._provided[layer.key] = provided
+            if provided & (self._importable or frozenset()):
+                return False
+        return True
 
     def _live_touch(self, session: str) -> bool:
         return self._live is not None and self._live.touch(session)
@@ -585,6 +616,10 @@ class Evaluator:
             self._running -= 1
             self._idle_since = time.monotonic()
             self._slots.release()
+            if self._pool is not None and not self._closing:
+                # Warm sandboxes are made only while no run is in progress: a session's cell
+                # retires no sandbox, whose disposal would otherwise be what refills the pool.
+                self._pool.refill()
 
     async def _run_in(
         self, sandbox: Sandbox, command: list[str], request: EvalRequest, layers: list[Layer]
@@ -599,6 +634,10 @@ class Evaluator:
                 return EvalResult(str(exc), None)
         time_limit = min(request.time_limit or config.time_limit, config.time_limit)
         if sandbox.warm:
+            try:
+                await self._add_layers(sandbox, layers)  # before the clock starts
+            except PackageRefused as exc:
+                return EvalResult(exc.answer, None, ended_by="packages_refused")
             if sandbox.cgroup is not None:
                 sandbox.cgroup.foreground()
             sandbox.process.deliver(command[1:], time_limit)
@@ -775,6 +814,33 @@ def _ended_by(outcome: Outcome, cgroup: RunCgroup | None) -> EndedBy | None:
     if kills is None:
         return None
     return "memory_limit" if kills else "exit"
+
+
+#: Lists the top-level names on an interpreter's sys.path (the standard library included).
+_IMPORTABLE = (
+    "import os, sys, json\n"
+    "names = set(sys.builtin_module_names)\n"
+    "for d in sys.path:\n"
+    "    try:\n"
+    "        names.update(e.split('.')[0] for e in os.listdir(d or '.'))\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "print(json.dumps(sorted(names)))"
+)
+
+
+def _importable(executable: str) -> frozenset[str] | None:
+    """The top-level names ``executable`` finds on its ``sys.path`` (``None`` if it cannot
+    say: then no run with packages takes a warm sandbox)."""
+    try:
+        out = subprocess.run(
+            [executable, "-I", "-c", _IMPORTABLE],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        names = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return frozenset(str(name) for name in names) if isinstance(names, list) else None
 
 
 def _sweep(sandboxes: Path) -> None:

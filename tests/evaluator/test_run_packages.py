@@ -20,7 +20,8 @@ import pytest
 
 from evaluator import Evaluator, create_app
 from tests.evaluator.conftest import config, run
-from tests.wheels import wheels
+from tests.evaluator.test_warm import until_warm
+from tests.wheels import wheel, wheels
 
 pytestmark = pytest.mark.anyio
 
@@ -297,3 +298,27 @@ async def test_a_session_keeps_the_interpreter_it_started_with(
     assert second["stdout"] == f"{OTHER_MINOR}\n"
     other = await run(client, "print(v)", session="on-other")
     assert other["returncode"] is None and "a session keeps its interpreter" in other["stdout"]
+
+
+async def test_a_run_with_new_packages_takes_a_warm_sandbox_and_one_shadowing_goes_cold(
+    index: Path, tmp_path: Path
+) -> None:
+    """A warm agent has numpy imported: a set of modules the environment lacks joins it; one
+    providing ``numpy`` (a stand-in of that name) must not meet the imported numpy."""
+    wheel(index, "numpy", "0.0.1", "VALUE = 'from the layer'\n")
+    settings = config(
+        package_index=str(index), package_cache=str(searchable(tmp_path)), pythons=(),
+        warm_sandboxes=1, preimport=("numpy",),
+    )  # fmt: skip
+    async with Evaluator(settings) as evaluator:
+        transport = httpx.ASGITransport(create_app(evaluator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://e", timeout=60) as http:
+            await until_warm(evaluator)
+            joined = await run(http, "import tinypkg; print(tinypkg.VALUE)", packages=["tinypkg"])
+            assert evaluator.warm_runs == 1, "a set the environment lacks runs warm"
+            await until_warm(evaluator)
+            code = "import numpy; print(getattr(numpy, 'VALUE', 'the imported one'))"
+            shadowing = await run(http, code, packages=["numpy==0.0.1"])
+            assert evaluator.warm_runs == 1, "one providing numpy starts cold"
+    assert joined["stdout"] == "11\n" and joined["installed"] == "tinypkg==1.1"
+    assert shadowing["stdout"] == "from the layer\n", shadowing

@@ -219,6 +219,18 @@ async def test_warming_waits_until_runs_stop_coming() -> None:
         await until_warm(warm)  # and once they stop, it does
 
 
+async def test_a_warm_sandbox_a_session_took_is_made_again_once_its_cell_ended() -> None:
+    """A session's cell retires no sandbox (whose disposal refills the pool after a one-shot
+    run): the end of the cell itself must."""
+    async with Evaluator(config(warm_sandboxes=1, preimport=("json",), max_sessions=2)) as warm:
+        await until_warm(warm)
+        cell = await warm.run(EvalRequest(args=("-c", "x = 1"), session="takes-the-warm-one"))
+        assert cell.returncode == 0 and warm.warm_sandboxes == 0
+        with anyio.fail_after(60):  # nothing else happens: no run, no disposal
+            while warm.warm_sandboxes < 1:  # noqa: ASYNC110 - nothing to wait on
+                await asyncio.sleep(0.05)
+
+
 def running_agents() -> set[int]:
     """The warm agents of this process's evaluators that were handed a run (fd 5 closed)."""
     found = set()
