@@ -179,6 +179,11 @@ def test_builtin_evaluator_gets_no_privilege_beyond_what_bubblewrap_needs() -> N
     } <= denied
 
 
+def test_the_evaluator_that_has_no_route_out_installs_no_packages() -> None:
+    assert load("builtin")["networks"]["sandbox"]["internal"] is True
+    assert services("builtin")["evaluator"]["environment"]["EVALUATOR_PACKAGES"] == "off"
+
+
 def test_sandbox_limits_agree_between_the_two_evaluation_services() -> None:
     env = services("builtin")["evaluator"]["environment"]
     assert (
