@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Sequence
 from pathlib import Path
 
 from .config import EvaluatorConfig, MiB
@@ -67,9 +66,8 @@ def check_prerequisites(bwrap: str) -> None:
                 raise SandboxUnavailable(f"{problem} ({path} is {bad}). " + WHAT_TO_DO)
 
 
-def sandbox_view(config: EvaluatorConfig, others: Sequence[str] = ()) -> SandboxView:
-    """The fixed part of every bwrap command line for ``config`` on this machine; ``others``
-    are interpreters the runs may choose besides the default one (their paths are bound too).
+def sandbox_view(config: EvaluatorConfig) -> SandboxView:
+    """The fixed part of every bwrap command line for ``config`` on this machine.
 
     Raises:
         SandboxUnavailable: bwrap is missing, or the interpreter does not run.
@@ -82,7 +80,6 @@ def sandbox_view(config: EvaluatorConfig, others: Sequence[str] = ()) -> Sandbox
     paths = config.readonly_paths
     if paths is None:
         paths = interpreter_paths(config.executable)
-    paths = (*paths, *(p for other in others for p in interpreter_paths(other)))
     # Parents before children, so that no bind hides another.
     ordered = tuple(sorted(set(paths), key=lambda p: (len(Path(p).parts), p)))
     symlinks = tuple(

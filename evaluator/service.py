@@ -122,6 +122,7 @@ class Evaluator:
         # Top-level names the default interpreter can import (see _fits_warm), and the names
         # each layer provides.
         self._importable: frozenset[str] | None = None  # None: not known
+        self._python_binds: dict[str, tuple[str, ...]] = {}  # the other interpreters' paths
         self._provided: dict[str, frozenset[str]] = {}
 
     async def __aenter__(self) -> Evaluator:
@@ -157,7 +158,11 @@ class Evaluator:
         self._pythons = await asyncio.to_thread(interpreters, config.executable, config.pythons, uv)
         if not config.unsandboxed:
             check_prerequisites(config.bwrap)
-            self._view = sandbox_view(config, [p.path for p in self._pythons[1:]])
+            self._view = sandbox_view(config)
+            # Bound only into the sandboxes that run them: each sees its own interpreter.
+            self._python_binds = {
+                p.path: interpreter_paths(p.path) for p in self._pythons if not p.default
+            }
         self._users = RunUsers.for_service(config.sandbox_uid, config.sandbox_uids)
         self._packages = self._package_cache(uv)
         if self._packages is not None:
@@ -672,11 +677,12 @@ class Evaluator:
     ) -> list[str]:
         if self._view is None:
             return command
+        interpreter = [(p, p) for p in sorted(self._python_binds.get(command[0], ()), key=len)]
         return self._view.argv(
             command,
             workdir=workdir.path,
             seccomp=self._seccomp is not None,
-            readonly_files=[*([self._fontlist] if self._fontlist else []), *extra],
+            readonly_files=[*interpreter, *([self._fontlist] if self._fontlist else []), *extra],
             empty_file=self._empty_file,
             env=env,
         )
@@ -704,7 +710,10 @@ class Evaluator:
     def _executable(self, path: str | None) -> str:
         if path is None:
             return self.config.executable
-        if self._view is not None and not _visible(path, self._view.readonly_paths):
+        visible = self._view.readonly_paths if self._view is not None else ()
+        if self._view is not None and not _visible(
+            path, visible + self._python_binds.get(path, ())
+        ):
             raise InvalidExecutable("executable_path does not exist")
         if not os.path.exists(path):
             raise InvalidExecutable("executable_path does not exist")
@@ -722,7 +731,8 @@ class Evaluator:
         if self._view is None:
             return covers([*interpreter_paths(self.config.executable), str(root.path), *cache])
         bwrap_dir = os.path.dirname(self._view.bwrap)
-        return covers([*self._view.readonly_paths, bwrap_dir, str(root.path), *cache])
+        others = [p for paths in self._python_binds.values() for p in paths]
+        return covers([*self._view.readonly_paths, *others, bwrap_dir, str(root.path), *cache])
 
     async def _probe(self) -> None:
         """A first run, to prove the whole sandbox works on this machine."""

@@ -287,6 +287,17 @@ async def test_info_lists_the_interpreters_and_a_run_chooses_one(
 
 
 @needs_other
+async def test_each_sandbox_sees_only_its_own_interpreter(client: httpx.AsyncClient) -> None:
+    assert OTHER is not None
+    prefix = str(OTHER.parents[1])  # pyenv's versions/<version>
+    code = f"import os, sys; print(os.path.exists({prefix!r}), sys.executable)"
+    default = await run(client, code)
+    other = await run(client, code, executable_path=str(OTHER))
+    assert default["stdout"].startswith("False "), default
+    assert other["stdout"] == f"True {OTHER}\n", other
+
+
+@needs_other
 async def test_a_session_keeps_the_interpreter_it_started_with(
     client: httpx.AsyncClient, evaluator: Evaluator
 ) -> None:
