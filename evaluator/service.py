@@ -117,6 +117,7 @@ class Evaluator:
         self._packages_off = "turned off by configuration (EVALUATOR_PACKAGES=off)"
         # The preinstalled set of each interpreter but the default (python_packages).
         self._preinstalls: list[asyncio.Task[Layer | None]] = []
+        self._preinstalling: dict[str, asyncio.Task[Layer | None]] = {}
         self._sandbox_layers = Path("/nonexistent")  # this evaluator's, in the package cache
         self._sandbox_layers_lock: int | None = None  # held while it lives (see _sweep)
         # Top-level names the default interpreter can import (see _fits_warm), and the names
@@ -204,7 +205,9 @@ class Evaluator:
         if self._packages is not None and config.python_packages:
             # Ahead of the first run on each, which would otherwise wait for it.
             for python in self._pythons[1:]:
-                self._preinstalls.append(asyncio.ensure_future(self._base_layer(python)))
+                task = asyncio.ensure_future(self._base_layer(python))
+                self._preinstalls.append(task)
+                self._preinstalling[python.path] = task
         if not config.unsandboxed:
             self._fontlist_task = asyncio.ensure_future(self._build_fontlist(pool))
         self._bytecode_task = asyncio.ensure_future(asyncio.to_thread(self._check_bytecode))
@@ -436,7 +439,10 @@ class Evaluator:
                 packages, executable, tag=_tag(python), constraints=had
             )
             layers.append(asked)
-        if python is not None and not python.default:
+        first = self._preinstalling.get(executable)
+        if python is not None and not python.default and (first is None or first.done()):
+            # Not before its first install ends (numpy, pandas and matplotlib take a minute
+            # from an index): until then a run on it gets the standard library and its own.
             base = await self._base_layer(python)
             if base is not None:
                 layers.append(base)
@@ -453,6 +459,11 @@ class Evaluator:
             with contextlib.suppress(OSError):
                 pins.update(marker.read_text().split())
         return tuple(sorted(pins))
+
+    async def preinstalled(self) -> None:
+        """Return once every interpreter's preinstalled set (``python_packages``) was installed,
+        or refused; runs on one before that get the standard library and their own sets."""
+        await asyncio.gather(*self._preinstalls, return_exceptions=True)
 
     def info(self) -> ServiceInfo:
         """What ``GET /info`` says: sessions, limits, interpreters and the package policy."""

@@ -278,6 +278,7 @@ async def test_info_lists_the_interpreters_and_a_run_chooses_one(
     versions = {p["version"]: p["executable_path"] for p in info["pythons"]}
     assert versions[evaluator._pythons[0].version] == evaluator.config.executable
     (path,) = [p for v, p in versions.items() if v.startswith(OTHER_MINOR + ".")]
+    await evaluator.preinstalled()
     code = "import sys, tinypkg; print('%d.%d' % sys.version_info[:2], tinypkg.VALUE)"
     result = await run(client, code, executable_path=path)
     # Its preinstalled set (python_packages, here tinypkg 1.0) comes with it.
