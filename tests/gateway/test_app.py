@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,7 +96,9 @@ async def test_sigterm_drains_calls_in_flight_and_turns_new_ones_away() -> None:
                 async with anyio.create_task_group() as calls:
                     calls.start_soon(run, "sse", sse)
                     calls.start_soon(run, "http", http)
-                    await anyio.sleep(0.7)
+                    # Both in flight first, however loaded the machine (a fixed 0.7 s was not
+                    # enough under a busy loop on both cores: a call still in transit is new).
+                    await _until_evaluations(url, 2)
                     process.send_signal(signal.SIGTERM)
                     await anyio.sleep(0.2)
                     late = await http.call_tool("execute_python_code", {"code": "print(1)"})
@@ -131,6 +134,17 @@ async def test_sigterm_stops_after_the_grace_period() -> None:
         assert time.monotonic() - sent < 8, "the grace period (1 s) bounds the drain"
     finally:
         process.kill()
+
+
+async def _until_evaluations(url: str, count: int) -> None:
+    """Until ``count`` evaluations are running or waiting for a slot (the gateway's metrics)."""
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        while True:
+            text = (await http.get("/metrics")).text
+            values = re.findall(r"^mcp_evaluations_(?:in_flight|waiting) (\S+)$", text, re.M)
+            if sum(float(v) for v in values) >= count:
+                return
+            await anyio.sleep(0.02)
 
 
 async def _ignore_errors(call: Awaitable[object]) -> None:
