@@ -347,7 +347,12 @@ class SandboxPool:
             self._warm_timer.cancel()
             self._warm_timer = None
         while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            # Removed here, not only by their done callbacks: gathering tasks that are all done
+            # already returns without yielding to the loop, which would never run those
+            # callbacks, and this loop would spin for ever (seen on CPython 3.13).
+            tasks = list(self._tasks)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks.difference_update(tasks)
         for waiting in (self._ready, self._warm, self._warming):
             while waiting:
                 await self.dispose(waiting.pop())
