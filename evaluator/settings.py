@@ -31,6 +31,7 @@ __all__ = [
     "Flag",
     "SettingsError",
     "add_flags",
+    "comma_separated",
     "flag",
     "load",
     "shown_default",
@@ -141,6 +142,13 @@ class EnvironmentSource(PydanticBaseSettingsSource):
             if value is not None:
                 values[key] = value
         return values
+
+
+def comma_separated(value: Any) -> Any:
+    """A ``before`` validator's step: a string is a tuple of its stripped, non-empty items."""
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    return value
 
 
 def flag(name: str) -> str:

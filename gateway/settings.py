@@ -37,7 +37,7 @@ from pydantic_settings import SettingsConfigDict
 
 import plotting
 from evaluator import EvaluatorConfig
-from evaluator.settings import ExplicitSettings, Flag, SettingsError, load
+from evaluator.settings import ExplicitSettings, Flag, SettingsError, comma_separated, load
 
 from .edge import is_loopback
 
@@ -219,9 +219,7 @@ class Settings(ExplicitSettings):
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(item.strip() for item in value.split(",") if item.strip())
-        return value
+        return comma_separated(value)
 
     @field_validator("log_level", mode="before")
     @classmethod
