@@ -106,6 +106,10 @@ def _expose(covers: list[tuple[str, list[str]]]) -> None:
     """Cover each blocked directory with a tmpfs holding bind mounts of only the given paths."""
     libc = _Libc()
     mount = libc.mount
+    # The modes below are what the runs' user needs, whatever umask started the service
+    # (systemd's UMask=0077 would leave the covers' directories closed to it); the run itself
+    # gets the service's umask back.
+    umask = os.umask(0)
     libc.unshare(_CLONE_NEWNS)
     # Slave: unmounts made by the service (a run's working directory) still reach this view.
     mount("none", "/", None, _MS_REC | _MS_SLAVE, None)
@@ -122,6 +126,7 @@ def _expose(covers: list[tuple[str, list[str]]]) -> None:
                 os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444))
             mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
             os.close(fd)
+    os.umask(umask)
 
 
 def main() -> None:

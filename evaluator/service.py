@@ -532,7 +532,8 @@ class Evaluator:
         binds = [(self._agent_file, _AGENT_IN_SANDBOX)]
         if self._packages is not None and self._view is not None:
             directory = self._packages_dir(workdir)
-            directory.mkdir(mode=0o755, exist_ok=True)
+            directory.mkdir(exist_ok=True)
+            directory.chmod(0o755)  # not left to the umask: the runs' user must reach it
             binds.append((str(directory), IN_SANDBOX))
         return binds
 

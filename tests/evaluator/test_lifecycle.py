@@ -170,3 +170,21 @@ async def test_closing_does_not_spin_on_a_disposal_whose_callbacks_have_not_run(
     with anyio.fail_after(20):
         await evaluator.aclose()
     assert not pool._tasks
+
+
+async def test_a_restrictive_umask_changes_nothing_the_sandboxes_see() -> None:
+    """A service started with systemd's ``UMask=0077``: the directories made for the runs' user
+    (the covers of what it may not traverse, a session's package directory) keep their modes."""
+    old = os.umask(0o077)
+    try:
+        async with Evaluator(config(prewarm=False)) as evaluator:
+            with anyio.fail_after(60):
+                one_shot = await evaluator.run(EvalRequest(args=("-c", "print(2 + 2)")))
+                session = await evaluator.run(
+                    EvalRequest(args=("-c", "print(3 + 3)"), session="umask")
+                )
+                await evaluator.end_session("umask")
+    finally:
+        os.umask(old)
+    assert (one_shot.stdout, one_shot.returncode) == ("4\n", 0)
+    assert (session.stdout, session.returncode) == ("6\n", 0)

@@ -334,3 +334,31 @@ async def test_a_run_with_new_packages_takes_a_warm_sandbox_and_one_shadowing_go
             assert evaluator.warm_runs == 1, "one providing numpy starts cold"
     assert joined["stdout"] == "11\n" and joined["installed"] == "tinypkg==1.1"
     assert shadowing["stdout"] == "from the layer\n", shadowing
+
+
+async def test_packages_reach_the_runs_of_a_service_started_with_a_restrictive_umask(
+    index: Path, tmp_path: Path
+) -> None:
+    """systemd's ``UMask=0077``: the cache the evaluator makes itself, the layers uv writes and
+    a session's own directory of layers are still reachable by the runs' users."""
+    settings = config(
+        package_index=str(index), package_cache=str(searchable(tmp_path) / "made" / "here"),
+        pythons=(), prewarm=False,
+    )  # fmt: skip
+    old = os.umask(0o077)
+    try:
+        async with Evaluator(settings) as evaluator:
+            transport = httpx.ASGITransport(create_app(evaluator))
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://e", timeout=60
+            ) as http:
+                one_shot = await run(http, "import tinypkg; print(tinypkg.VALUE)",
+                                     packages=["tinypkg==1.0"])  # fmt: skip
+                session = {"session": "umask"}
+                await run(http, "x = 1", **session)
+                cell = await run(http, "import withdep; print(withdep.VALUE + x)",
+                                 packages=["withdep"], **session)  # fmt: skip
+    finally:
+        os.umask(old)
+    assert (one_shot["stdout"], one_shot["returncode"]) == ("1\n", 0), one_shot
+    assert (cell["stdout"], cell["returncode"]) == ("12\n", 0), cell
