@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 from starlette.datastructures import QueryParams
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .sessions import Session, SessionTable, too_many_sessions
@@ -26,6 +27,8 @@ logger = logging.getLogger(__name__)
 #: that keeps that many unanswered is busy anyway).
 _MAX_TRACKED_REQUESTS = 256
 _SESSION_ID = re.compile(rb"session_id=([0-9a-f]{32})")
+#: The SDK's answer to a message for a session it does not have.
+_GONE = "Could not find session"
 
 
 class SseSessions:
@@ -108,7 +111,7 @@ class SseSessions:
         session_id = QueryParams(scope.get("query_string", b"").decode("latin-1")).get("session_id")
         session = self._table.get(f"sse:{session_id}") if session_id else None
         if session is None:
-            await self.app(scope, receive, send)
+            await self._hand_over(scope, receive, send)
             return
         session.touch()
         body = bytearray()
@@ -132,9 +135,30 @@ class SseSessions:
                 accepted = message["status"] == 202
             await send(message)
 
-        await self.app(scope, receive_noting, send_watching)
+        await self._hand_over(scope, receive_noting, send_watching)
         if noted is not None and not accepted:  # refused: no answer will come
             session.requests.discard(noted)
+
+    async def _hand_over(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The SDK's handling of a POSTed message, which ends by handing it to the session's
+        stream, after the 202. A stream that ended meanwhile (its client closed it as it posted)
+        is a closed channel: the message has nowhere to go. Raised out of the app, that would
+        make uvicorn drop the connection, and with it the client's next request on it, and log
+        the race as a server error; instead the POST is answered 404, as for any session that
+        no longer exists, or, if its 202 has gone, left at that."""
+        started = False
+
+        async def send_noting(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            logger.info("a message to an SSE session whose stream had just ended was dropped")
+            if not started:
+                await Response(_GONE, status_code=404)(scope, receive, send)
 
 
 def _posted(session: Session, body: bytes) -> str | int | None:
