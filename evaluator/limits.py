@@ -21,6 +21,9 @@ __all__ = ["ADDRESS_SPACE_HEADROOM", "describe", "rlimits"]
 #: Headroom of the address-space rlimit over the memory limit, used only without a memory cgroup:
 #: libraries reserve far more virtual memory than they use (OpenBLAS fails under 256 MiB).
 ADDRESS_SPACE_HEADROOM = 512 * MiB
+#: Tasks an idle sandbox holds (bubblewrap's two, the interpreter's three threads: measured 4-5),
+#: with room for one retiring beside it: counted in the shared RLIMIT_NPROC below.
+IDLE_SANDBOX_TASKS = 8
 
 
 def rlimits(
@@ -42,8 +45,17 @@ def rlimits(
         nproc = config.pids_limit
         pairs.append((resource.RLIMIT_NPROC, nproc))
     elif cgroups.pids is None:
-        # Counts every process of the user, so leave room for the ones already running.
-        nproc = _processes_of(os.getuid()) + config.pids_limit
+        # One count for every task (process or thread) of the uid: the service's, every
+        # sandbox's, and those of anything else running as that uid, other containers of the same
+        # image included (the kernel counts per user, not per container). No bound per run can be
+        # had from it, only one for all: room for what runs now, for every slot's run at its
+        # limit, and for the sandboxes kept between runs (ready ones, live sessions).
+        idle = (config.concurrency if config.prewarm else 0) + config.session_limit
+        nproc = (
+            _tasks_of(os.getuid())
+            + config.concurrency * config.pids_limit
+            + idle * IDLE_SANDBOX_TASKS
+        )
         pairs.append((resource.RLIMIT_NPROC, nproc))
     if not mounted:
         pairs.append((resource.RLIMIT_FSIZE, config.workdir_size * MiB))
@@ -77,6 +89,7 @@ def describe(
             f"{(config.memory_limit * MiB + ADDRESS_SPACE_HEADROOM) // MiB} MiB "
             "(code gets MemoryError, not 137; tmpfs and /dev/shm are not counted)"
         )
+    per_run = pids is not None or (nproc is not None and users.dropping)
     if pids is None:
         if nproc is None:
             pids = "no pids cgroup, and RLIMIT_NPROC does not apply to root"
@@ -84,7 +97,9 @@ def describe(
             pids = f"no pids cgroup; RLIMIT_NPROC {nproc} of the run's own uid"
         else:
             pids = (
-                f"no pids cgroup; RLIMIT_NPROC {nproc} (counts every process of uid {os.getuid()})"
+                f"not per run: no pids cgroup, and every run has uid {os.getuid()}, whose "
+                f"RLIMIT_NPROC {nproc} bounds all runs together (it counts every process and "
+                "thread of that uid, in any container)"
             )
     elif nproc is not None and users.dropping:
         pids += f" and RLIMIT_NPROC {nproc} of the run's own uid"
@@ -93,8 +108,9 @@ def describe(
         Limit("time", True, f"{config.time_limit:g} s, then the whole tree is killed (137)"),
         Limit("memory", True, f"{config.memory_limit} MiB: {memory}"),
         Limit(
-            "processes", nproc is not None or cgroups.pids is not None,
-            f"{config.pids_limit}: {pids}",
+            "processes",
+            per_run,
+            f"{config.pids_limit}: {pids}" if per_run else f"{config.pids_limit} asked, {pids}",
         ),
         Limit(
             "cpu", cpu is not None,
@@ -137,11 +153,12 @@ def describe(
     )  # fmt: skip
 
 
-def _processes_of(uid: int) -> int:
+def _tasks_of(uid: int) -> int:
+    """Processes and threads of ``uid`` in sight (RLIMIT_NPROC counts both)."""
     count = 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 if entry.stat().st_uid == uid:
-                    count += 1
+                    count += len(os.listdir(entry / "task"))
     return count

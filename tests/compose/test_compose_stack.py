@@ -178,3 +178,38 @@ async def test_a_session_keeps_its_interpreter_on_one_replica() -> None:
                 await client.call_tool("end_session", {"session_id": session_id})
     print(f"{len(sessions)} sessions on {sorted(set(sessions.values()))}")
     assert len(set(sessions.values())) == REPLICAS, "new sessions did not spread"
+
+
+@pytest.mark.anyio
+async def test_runs_fork_while_every_replica_holds_its_sessions() -> None:
+    """Every run of every replica has uid 10001, and the kernel counts RLIMIT_NPROC per uid, not
+    per container: the replicas' ready sandboxes and live sessions (about 25 tasks each) share
+    one count, which must leave a run room to fork (a budget of 64 over the service's own
+    processes did not: calls failed to start an interpreter, "Resource temporarily unavailable")."""
+    fork = (  # 40 children alive at once, all reaped before the cell ends
+        "import os, socket\n"
+        "r, w = os.pipe()\n"
+        "children = []\n"
+        "for _ in range(40):\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        os.close(w); os.read(r, 1); os._exit(0)\n"
+        "    children.append(child)\n"
+        "os.close(w)\n"
+        "for child in children:\n"
+        "    os.waitpid(child, 0)\n"
+        "print(socket.gethostname(), 'forked 40')\n"
+    )
+    with anyio.fail_after(300):
+        async with connect(URL, "http") as client:
+            for _ in range(2 * REPLICAS):  # each replica's session limit: 2 GiB / 2 / 384 MiB
+                held = await client.call_tool("execute_python_code", {"code": "x = 1"})
+                assert not held.is_error, held
+            replicas = set()
+            for _ in range(REPLICAS):
+                result = await client.call_tool("execute_python_code", {"code": fork})
+                assert not result.is_error, result
+                hostname, said = text_of(result).splitlines()[0].split(" ", 1)
+                assert said == "forked 40", text_of(result)
+                replicas.add(hostname)
+    assert len(replicas) == REPLICAS, replicas
