@@ -82,16 +82,18 @@ def render_result(
     facts = Facts.of(result, duration, settings.max_image_side, memory)
     limit = settings.max_result_bytes - ENVELOPE_BYTES
     floor = min(settings.max_output_chars, OUTPUT_FLOOR)
-    unchosen = {f.file.path: f.problem or OVER_BUDGET for f in facts.figures}
-    # Figures are chosen before the inline files, which are the first to give way.
     extra = _Extra(result.installed, result.install_seconds, tuple(notes))
-    bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen, 0), session, extra)
-    reasons = choose_images(
-        facts.figures,
-        max_images=settings.max_images,
-        max_image_bytes=settings.max_image_bytes,
-        room=limit - wire_size(bare),
-    )
+    reasons: dict[str, str | None] = {}
+    if facts.figures:  # without any, the result is composed once, as most are
+        # Figures are chosen before the inline files, which are the first to give way.
+        unchosen = {f.file.path: f.problem or OVER_BUDGET for f in facts.figures}
+        bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen, 0), session, extra)
+        reasons = choose_images(
+            facts.figures,
+            max_images=settings.max_images,
+            max_image_bytes=settings.max_image_bytes,
+            room=limit - wire_size(bare),
+        )
     cut: Cut | None = Cut(min(settings.max_output_chars, len(facts.output)), LISTING_CHARS, reasons)
     while cut is not None:
         rendered = compose(facts, settings, cut, session, extra)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -184,10 +185,13 @@ class StreamableSessions:
         limit.app = cls(manager, limit.app, table)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session_id = Headers(scope=scope).get("mcp-session-id")
+        headers = Headers(scope=scope)
+        session_id = headers.get("mcp-session-id")
         session = self._table.get(f"http:{session_id}") if session_id is not None else None
         if session is not None:
             await self._serve(session, scope, receive, send)
+        elif session_id is None and _sessionless(headers.get("mcp-protocol-version")):
+            await self._app(scope, receive, send)  # no session to count: nothing to watch for
         elif session_id is None:
             await self._open(scope, receive, send)
         else:  # unknown, or on its way out: the SDK answers
@@ -247,6 +251,15 @@ class StreamableSessions:
             if session is not None:
                 session.posts -= 1
                 session.touch()
+
+
+def _sessionless(protocol_version: str | None) -> bool:
+    """Whether a request names a protocol revision without sessions (2026-07-28 and later).
+
+    The SDK's own routing: a version it does not know as a handshake revision goes to its
+    single-exchange entry, which never opens a session.
+    """
+    return protocol_version is not None and protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS
 
 
 def _closer(transport: StreamableHTTPServerTransport) -> Callable[[], None]:

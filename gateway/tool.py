@@ -662,12 +662,21 @@ class Gateway:
         time_limit: float | None,
         choices: Choices,
     ) -> EvalResult:
-        # A plain task rather than a task group, so the evaluation's errors come back unwrapped.
-        progress = asyncio.ensure_future(self._report_progress(ctx, started))
+        # Most calls end before the first report is due, so a timer starts the reports rather
+        # than a task per call (and a plain task rather than a task group, so the evaluation's
+        # errors come back unwrapped).
+        loop = asyncio.get_running_loop()
+        reports: list[asyncio.Task[None]] = []
+        timer = loop.call_later(
+            self.settings.progress_interval,
+            lambda: reports.append(loop.create_task(self._report_progress(ctx, started))),
+        )
         try:
             return await self._evaluate(code, session, uploads, time_limit, choices)
         finally:
-            progress.cancel()
+            timer.cancel()
+            for task in reports:
+                task.cancel()
 
     async def _evaluate(
         self,
@@ -755,9 +764,9 @@ class Gateway:
         else:
             total = None
         while True:
-            await anyio.sleep(self.settings.progress_interval)
             elapsed = round(time.monotonic() - started, 1)
             await ctx.report_progress(elapsed, total, f"running for {elapsed:g} s")
+            await anyio.sleep(self.settings.progress_interval)
 
     @property
     def _limits_time(self) -> bool:
@@ -833,10 +842,12 @@ def _log_call(
     ``session`` is the SSE or Streamable HTTP session id; sessionless clients (the 2026-07-28
     protocol) have none, and their calls are told apart by ``request``.
     """
+    if not logger.isEnabledFor(logging.INFO):
+        return
     request = ctx.request_context.request if ctx.request_context else None
     transport, session = "memory", None
     if isinstance(request, Request):
-        transport = "sse" if request.url.path.startswith("/messages") else "streamable-http"
+        transport = "sse" if request.scope["path"].startswith("/messages") else "streamable-http"
         session = request.headers.get("mcp-session-id") or request.query_params.get("session_id")
     record = {
         "event": "tool_call",
