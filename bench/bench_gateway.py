@@ -4,8 +4,15 @@ Starts the built-in evaluator as its own service and the gateway in front of it 
 both under uvicorn on loopback ports, then runs ``print(1)`` N times each way, interleaved in
 one loop so that machine noise hits all three alike. The direct call sends the very request the
 gateway sends (prelude included), so the difference is the gateway alone: MCP framing, JSON-RPC,
-the tool layer, and one more HTTP hop; and the MCP client's own work (its share is not small:
-it validates every result against the tool's output schema). Target: at most 3 ms at p50.
+the tool layer, and one more HTTP hop; and the MCP client's own work (its share is not small).
+To tell the two apart, a third way per gateway, "plain", calls the tool over Streamable HTTP
+(protocol 2026-07-28: one JSON-RPC POST per call) with a bare httpx client, the same kind of
+client the direct call uses: the gateway's share alone. Target: at most 3 ms at p50.
+
+Floors, in the same loop (so the same idle gaps precede them): ``GET /healthz`` (one HTTP round
+trip to the gateway's process) and a call of a tool that does not exist over each transport (the
+MCP stack, client and server, around a tool call that runs no gateway code and no evaluation).
+On a machine where waking an idle process is slow, these are most of what the gateway adds.
 
 A call without ``session_id`` starts a live session (the built-in evaluator keeps one, in the
 gateway's process or behind ``SNEKBOX_URL``), so each direct call names a new session too.
@@ -32,15 +39,24 @@ from contextlib import AsyncExitStack, ExitStack
 from dataclasses import replace
 from typing import Any
 
+import httpx
 from _common import ROOT, before_checkout, free_port, percentile, service_of
 from mcp import Client
 from mcp.client.sse import sse_client
+from mcp.types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    PROTOCOL_VERSION_META_KEY,
+)
+from mcp.types.version import LATEST_MODERN_VERSION
 
 import plotting
 from snekbox_client import SnekboxClient
 
 TARGET_MS = 3.0
 DIRECT = "direct /eval"
+#: Marks the ways that run no code: printed apart, as absolute times.
+FLOOR = " (floor)"
 
 
 async def measure(
@@ -69,11 +85,19 @@ async def measure(
 
             return call
 
+        plain = await stack.enter_async_context(httpx.AsyncClient())
         ways: list[tuple[str, Callable[[], Awaitable[None]]]] = [(DIRECT, via_direct)]
         for name, url in gateways.items():
             http = await stack.enter_async_context(Client(f"{url}/mcp"))
             sse = await stack.enter_async_context(Client(sse_client(f"{url}/sse")))
-            ways += [(f"{name} HTTP", via(http)), (f"{name} SSE", via(sse))]
+            ways += [
+                (f"{name} HTTP", via(http)),
+                (f"{name} HTTP plain", via_plain(plain, f"{url}/mcp", session=session)),
+                (f"{name} SSE", via(sse)),
+                (f"{name} HTTP no tool{FLOOR}", no_tool(http)),
+                (f"{name} SSE no tool{FLOOR}", no_tool(sse)),
+                (f"{name} GET /healthz{FLOOR}", healthz(plain, url)),
+            ]
         samples: dict[str, list[float]] = {name: [] for name, _ in ways}
         for _, way in ways:  # warm-up: connections, imports, first sandbox
             for _ in range(3):
@@ -85,6 +109,55 @@ async def measure(
                 await way()
                 samples[name].append((time.perf_counter() - started) * 1000)
     return samples
+
+
+def no_tool(client: Client) -> Callable[[], Awaitable[None]]:
+    """Calls of a tool the gateway does not have: the MCP round trip and nothing else."""
+
+    async def call() -> None:
+        result = await client.call_tool("no_such_tool", {})
+        assert result.is_error, result
+
+    return call
+
+
+def healthz(client: httpx.AsyncClient, url: str) -> Callable[[], Awaitable[None]]:
+    async def call() -> None:
+        (await client.get(f"{url}/healthz")).raise_for_status()
+
+    return call
+
+
+def via_plain(
+    client: httpx.AsyncClient, url: str, *, session: bool
+) -> Callable[[], Awaitable[None]]:
+    """Calls of the tool as one JSON-RPC POST each (protocol 2026-07-28), without an MCP client."""
+    arguments: dict[str, Any] = {"code": "print(1)"}
+    ids = itertools.count(1)
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": LATEST_MODERN_VERSION,
+        "mcp-method": "tools/call",
+        "mcp-name": "execute_python_code",
+    }
+    meta = {
+        PROTOCOL_VERSION_META_KEY: LATEST_MODERN_VERSION,
+        CLIENT_INFO_META_KEY: {"name": "bench_gateway", "version": "1"},
+        CLIENT_CAPABILITIES_META_KEY: {},
+    }
+
+    async def call() -> None:
+        params = {"name": "execute_python_code", "arguments": arguments, "_meta": meta}
+        message = {"jsonrpc": "2.0", "id": next(ids), "method": "tools/call", "params": params}
+        response = await client.post(url, json=message, headers=headers)
+        # A call that sends no notification is answered as JSON, not as an event stream.
+        assert response.headers["content-type"].startswith("application/json"), response
+        structured = response.json()["result"]["structuredContent"]
+        assert structured["stdout"] == "1\n", structured
+        if session:
+            arguments["session_id"] = structured["session_id"]
+
+    return call
 
 
 def main() -> None:
@@ -118,11 +191,17 @@ def main() -> None:
     print(f"print(1), {args.n} {kind} each way, interleaved; times in ms; gateways on {where}")
     for name, checkout in checkouts.items():
         print(f"  {name}: {checkout}")
-    print(f"{'way':<22}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p50 ratio':>11}")
+    print(f"{'way':<24}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p50 ratio':>11}")
     for name, values in samples.items():
-        p50, p95 = statistics.median(values), percentile(values, 95)
-        print(f"{name:<22}{p50:8.1f}{p95:8.1f}{p50 - base50:14.1f}{p50 / base50:11.2f}")
+        if not name.endswith(FLOOR):
+            p50, p95 = statistics.median(values), percentile(values, 95)
+            print(f"{name:<24}{p50:8.1f}{p95:8.1f}{p50 - base50:14.1f}{p50 / base50:11.2f}")
     print(f"(direct p95 {base95:.1f} ms; target: the gateway adds at most {TARGET_MS:g} ms at p50)")
+    print("floors, no code run (in the same loop):")
+    for name, values in samples.items():
+        if name.endswith(FLOOR):
+            p50, p95 = statistics.median(values), percentile(values, 95)
+            print(f"{name.removesuffix(FLOOR):<24}{p50:8.1f}{p95:8.1f}")
 
 
 if __name__ == "__main__":
