@@ -7,6 +7,8 @@ of the mcp SDK's clients over either transport; :func:`text_of` reads a tool res
 
 from __future__ import annotations
 
+import itertools
+import os
 import socket
 import subprocess
 import threading
@@ -93,11 +95,39 @@ def raw_server(handle: Callable[[socket.socket], None] | None = None) -> Iterato
         listener.close()
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def closed_port(address: str = "127.0.0.1") -> int:
+    """A loopback port nothing listens on, for a server about to start there (or for none).
+
+    Not the kernel's choice: between this answer and the server's ``bind``, the kernel may give
+    the same port to an outgoing connection or, under pytest-xdist, to another worker asking the
+    same. So it comes from below the ephemeral range, where no connection is given one, and from
+    a slice of it for this worker alone; bound once, to skip ports something holds.
+    """
+    for _ in range(len(_PORT_SLICE)):
+        port = next(_ports)
+        with socket.socket() as sock:
+            try:
+                sock.bind((address, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORT_SLICE} on {address}")
+
+
+def _port_slice() -> range:
+    """This process's ports: ``[10000, ephemeral start)`` cut in one slice per xdist worker."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral = int(ranges.read().split()[0])
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # gwN; unset without xdist
+    index = int(worker.removeprefix("gw")) if worker.removeprefix("gw").isdigit() else 0
+    workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), index + 1)
+    size = (ephemeral - 10000) // workers
+    return range(10000 + index * size, 10000 + (index + 1) * size)
+
+
+_PORT_SLICE = _port_slice()
+#: Handed out in turn, so that a port is not handed out again while its last server may linger.
+_ports = itertools.cycle(_PORT_SLICE)
 
 
 def wait_until_answers(

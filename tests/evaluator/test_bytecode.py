@@ -26,6 +26,9 @@ from snekbox_client import EvalRequest
 
 from .conftest import config
 
+#: Some tests run code as nobody: under pytest-xdist, beside test_unprivileged's (see there).
+pytestmark = pytest.mark.xdist_group("uid-nobody")
+
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 DISTRIBUTIONS = ("six==1.17.0", "tabulate==0.10.0")

@@ -14,6 +14,9 @@ import pytest
 from evaluator import EvaluatorConfig
 from evaluator.cgroups import Cgroups, _cgroup_mounts, _own_v1_cgroup
 
+#: Some tests run code as nobody: under pytest-xdist, beside test_unprivileged's (see there).
+pytestmark = pytest.mark.xdist_group("uid-nobody")
+
 _NOBODY = 65534
 
 

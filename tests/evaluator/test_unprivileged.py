@@ -36,9 +36,14 @@ PROJECT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="already unprivileged: the rest of the suite tests this path"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="already unprivileged: the rest of the suite tests this path"
+    ),
+    # Its evaluators run as nobody, whose processes count against one RLIMIT_NPROC budget:
+    # under pytest-xdist (--dist loadgroup), the modules that run code as nobody share a worker.
+    pytest.mark.xdist_group("uid-nobody"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from tests.support import TIME_LIMIT, wait_until_answers
+from tests.support import TIME_LIMIT, closed_port, wait_until_answers
 
 #: The replicas' addresses.
 REPLICAS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
@@ -24,15 +24,13 @@ REPLICAS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 def port_free_on(addresses: Sequence[str]) -> int:
     """A port that nothing listens on at any of ``addresses``."""
     for _ in range(50):
-        with socket.socket() as first:
-            first.bind((addresses[0], 0))
-            port = int(first.getsockname()[1])
-            try:
-                for address in addresses[1:]:
-                    with socket.socket() as other:
-                        other.bind((address, port))
-            except OSError:
-                continue
+        port = closed_port(addresses[0])
+        try:
+            for address in addresses[1:]:
+                with socket.socket() as other:
+                    other.bind((address, port))
+        except OSError:
+            continue
         return port
     raise RuntimeError(f"no port free on all of {addresses}")
 
