@@ -124,6 +124,11 @@ class AnswerReader:
 
     # -- feeding ---------------------------------------------------------------------------
 
+    @property
+    def bytes_read(self) -> int:
+        """How many bytes of the answer were fed so far."""
+        return self._read
+
     def feed(self, data: bytes) -> None:
         """Take the next chunk of the body."""
         self._read += len(data)

@@ -35,6 +35,9 @@ _DEFAULT_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, 
 _MiB = 1024 * 1024
 #: The most of an error answer read, for its title and description.
 _ERROR_BODY_BYTES = 64 * 1024
+#: An answer up to this size is decoded on the event loop: handing it to a thread (which keeps
+#: a large one's base64 and UTF-8 decoding off the loop) costs more than the decoding.
+_DECODE_INLINE_BYTES = 64 * 1024
 
 
 class SnekboxClient:
@@ -142,6 +145,8 @@ class SnekboxClient:
                 raise _rejection(response.status_code, await _read_at_most(response))
             async for chunk in response.aiter_bytes():
                 reader.feed(chunk)
+        if reader.bytes_read <= _DECODE_INLINE_BYTES:
+            return reader.result()
         return await asyncio.to_thread(reader.result)
 
     async def choose_replica(self) -> str | None:

@@ -162,3 +162,19 @@ async def test_an_answer_over_the_caps_is_invalid(snekbox_like: ServiceProcess) 
     async with SnekboxClient(snekbox_like.url, max_text_bytes=10_000) as snekbox:
         with pytest.raises(InvalidResponse, match="output and file names are larger than"):
             await snekbox.eval(EvalRequest(input="print('x' * 20_000)"))
+
+
+@pytest.mark.parametrize("kib", [16, 48])
+async def test_answers_on_either_side_of_the_inline_decoding_size_read_alike(
+    client: SnekboxClient, kib: int
+) -> None:
+    """An answer up to 64 KiB is decoded on the event loop, a larger one in a thread (here about
+    40 and 120 KiB): the same result either way."""
+    code = (
+        f"import sys\nsys.stdout.write(('é' + 'a' * 99) * {kib * 10})\n"
+        f"open('f.bin', 'wb').write(bytes(range(256)) * {kib * 4})"
+    )
+    with anyio.fail_after(60):
+        result = await client.eval(EvalRequest(input=code))
+    assert result.stdout == ("é" + "a" * 99) * (kib * 10)
+    assert [(f.path, f.content) for f in result.files] == [("f.bin", bytes(range(256)) * kib * 4)]
