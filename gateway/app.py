@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Any
 
+from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import ToolAnnotations
+from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -77,6 +79,11 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
         instructions="Use execute_python_code to run Python: computations, data, charts.",
         **auth,
     )
+    if not tracing_configured():
+        # The SDK's span per message costs every call a span that nothing records.
+        server.middleware[:] = [
+            m for m in server.middleware if not isinstance(m, OpenTelemetryMiddleware)
+        ]
     _add_tool(server, gateway)
     server.add_tool(
         gateway.end_session,
@@ -95,6 +102,13 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
     _add_session_files(server, gateway)
     _add_environment(server, gateway)
     return server
+
+
+def tracing_configured() -> bool:
+    """Whether an OpenTelemetry tracer provider is installed (``opentelemetry-instrument``, or
+    the hosting code's own), so that the SDK's spans are recorded: until one is, the default
+    provider is a proxy that records nothing."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def _add_tool(server: MCPServer[Any], gateway: Gateway) -> None:

@@ -112,3 +112,22 @@ async def test_wrong_argument_type_is_a_clear_error(client: Client) -> None:
         result = await client.call_tool("execute_python_code", {"code": 42})
     assert result.is_error
     assert "code" in text_of(result)
+
+
+@pytest.mark.parametrize("installed", [False, True])
+async def test_the_sdks_spans_are_kept_only_when_a_tracer_provider_is_installed(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, installed: bool
+) -> None:
+    """Without a provider OpenTelemetry records nothing, so the SDK's span per call is dropped."""
+    from mcp.server._otel import OpenTelemetryMiddleware
+    from opentelemetry import trace
+
+    if installed:  # what `opentelemetry-instrument` or the hosting code does before the app
+        monkeypatch.setattr(trace, "get_tracer_provider", trace.NoOpTracerProvider)
+    async with Gateway(settings) as gateway:
+        server = create_server(gateway)
+        async with Client(server) as client:
+            result = await run(client, "print(6 * 7)")
+    kept = [m for m in server.middleware if isinstance(m, OpenTelemetryMiddleware)]
+    assert len(kept) == (1 if installed else 0)
+    assert text_of(result).startswith("42\n")
