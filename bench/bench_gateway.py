@@ -3,8 +3,9 @@
 Starts the built-in evaluator as its own service and the gateway in front of it (SNEKBOX_URL),
 both under uvicorn on loopback ports, then runs ``print(1)`` N times each way, interleaved in
 one loop so that machine noise hits all three alike. The direct call sends the very request the
-gateway sends (prelude included), so the difference is the gateway alone: MCP framing, JSON-RPC,
-the tool layer, and one more HTTP hop; and the MCP client's own work (its share is not small).
+gateway sends (the prelude, but in a live session's later cells), so the difference is the
+gateway alone: MCP framing, JSON-RPC, the tool layer, and one more HTTP hop; and the MCP
+client's own work (its share is not small).
 To tell the two apart, a third way per gateway, "plain", calls the tool over Streamable HTTP
 (protocol 2026-07-28: one JSON-RPC POST per call) with a bare httpx client, the same kind of
 client the direct call uses: the gateway's share alone. Target: at most 3 ms at p50.
@@ -64,13 +65,21 @@ async def measure(
 ) -> dict[str, list[float]]:
     """``gateways``: a name for each gateway's URL; each is called over both transports."""
     request = plotting.build_request("print(1)")
+    # The gateway sends a live session's later cells without the prelude its interpreter holds.
+    later_cell = plotting.build_request("print(1)", later_cell=True)
     new_sessions = itertools.count()
     async with AsyncExitStack() as stack:
         direct = await stack.enter_async_context(SnekboxClient(evaluator_url))
+        direct_started = False
 
         async def via_direct() -> None:
-            name = "bench-direct" if session else f"bench-new-{next(new_sessions)}"
-            result = await direct.eval(replace(request, session=name))
+            nonlocal direct_started
+            if session:
+                sent = replace(later_cell if direct_started else request, session="bench-direct")
+                direct_started = True
+            else:
+                sent = replace(request, session=f"bench-new-{next(new_sessions)}")
+            result = await direct.eval(sent)
             assert result.stdout == "1\n", result
 
         def via(client: Client) -> Callable[[], Awaitable[None]]:

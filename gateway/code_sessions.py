@@ -80,6 +80,9 @@ class CodeSession:
     #: Whether the evaluator holds a live interpreter for it (the built-in evaluator's
     #: sessions): its files are then in that sandbox already, and not sent again.
     live: bool = False
+    #: Whether that interpreter has run the prelude (a call through this gateway ended by
+    #: itself there), so that later calls are sent without it (``plotting.build_request``).
+    prelude_loaded: bool = False
     #: The address of the evaluator replica holding that interpreter (several replicas behind
     #: one name), where its calls go; ``None``: anywhere (one service, or not live).
     replica: str | None = None

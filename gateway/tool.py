@@ -628,7 +628,12 @@ class Gateway:
         """Keep what the run wrote in the session, within its bytes; say what was kept."""
         if result.ended_by != "packages_refused":  # it did not run: no call of the session
             session.calls += 1
-        session.live = result.session_ended is False
+        resumed, session.live = session.live, result.session_ended is False
+        # A call that was interrupted or killed in a new interpreter may have stopped before
+        # the prelude was kept there.
+        session.prelude_loaded = session.live and (
+            (resumed and session.prelude_loaded) or result.ended_by == "exit"
+        )
         session.files.update(uploads)
         kept: dict[str, bool] = {}
         for file in plotting.sort_files(result.files).others:
@@ -714,7 +719,8 @@ class Gateway:
                     if replica is not None and not (session.calls or session.adopted):
                         self.sessions.place(session, replica)  # its handle names the replica
                     session.replica = replica
-                request = plotting.build_request(code)
+                later = live and session.live and session.prelude_loaded
+                request = plotting.build_request(code, later_cell=later)
                 request = replace(
                     request,
                     files=(*request.files, *(File(p, c) for p, c in carried.items())),
@@ -748,7 +754,7 @@ class Gateway:
         except SnekboxError as exc:
             lost = _interpreter_lost(exc, session) if session.live else None
             if lost is not None:
-                session.live = False
+                session.live = session.prelude_loaded = False
                 if isinstance(exc, ReplicaGone):
                     session.replica = None  # the next call starts one elsewhere
                 raise ServiceFailure("session_lost", lost) from exc

@@ -4,7 +4,9 @@ The interpreter compiles this file on every run, so it is kept to a few statemen
 (see ``prelude_files()``) holds the user's code and the prelude and its support module compiled
 by the gateway's interpreter: the prelude is loaded here, the support module only when a run
 needs it. An interpreter with another bytecode format (magic number) compiles their sources
-instead. The prelude removes both files before the user's code runs.
+instead. A live session's later cells come without the prelude (an empty one in the bundle):
+they run the one the session's first cell kept as ``sys._mcp_prelude``. The prelude removes
+both files before the user's code runs.
 """
 
 import marshal
@@ -17,7 +19,13 @@ if __name__ == "__main__":
     _boot_compiled = _boot[0] == getattr(
         sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None
     )
-    _boot_prelude = {"__name__": "_mcp_prelude"}
-    exec(marshal.loads(_boot[1]) if _boot_compiled else _boot[2], _boot_prelude)
+    if _boot[2]:
+        _boot_prelude = {"__name__": "_mcp_prelude"}
+        exec(marshal.loads(_boot[1]) if _boot_compiled else _boot[2], _boot_prelude)
+    else:  # a later cell of a session: the prelude its first cell loaded
+        _boot_prelude = getattr(sys, "_mcp_prelude", None) or sys.exit(
+            "The gateway's prelude was removed from this session's interpreter "
+            "(sys._mcp_prelude), so its code cannot run: end this session and start another."
+        )
     # This namespace becomes the user's: whoever ran this file holds the user's module then.
     _boot_prelude["main"](_boot, _boot_data, _boot_compiled, globals())  # type: ignore[operator]

@@ -66,6 +66,8 @@ _workdir = "."
 _guarded: "list[_Stream]" = []
 _finder = type(sys)("_mcp_finder")
 _support_module: "ModuleType | None" = None
+# Whether the support module was configured for this run (a session's later cells keep it).
+_configured = False
 
 
 def main(
@@ -86,9 +88,13 @@ def main(
             kept warm) holds the user's module, and frees the user's objects as it would
             have freed the first file's.
     """
-    global _source, _bundle, _tail_size, _support_compiled, _workdir, _session
+    global _source, _bundle, _tail_size, _support_compiled, _workdir, _session, _configured
     _source, _bundle, _tail_size, _support_compiled = head[3], bundle, head[4], compiled
     _session = getattr(sys, "_mcp_session", False) is True
+    _configured = False
+    _guarded.clear()
+    if _session:  # the session's later cells come without the prelude, and run this one
+        sys._mcp_prelude = globals()  # type: ignore[attr-defined]
     register_error(ERRORS, _replace)
     for name, errors in (("stdout", ERRORS), ("stderr", "backslashreplace")):
         stream = getattr(sys, name)
@@ -272,11 +278,13 @@ class _Stream(TextIOWrapper):
 
 def _support() -> "ModuleType":
     """The support module, made on first use."""
-    global _support_module
+    global _support_module, _configured
     if _support_module is None:
         # A session's earlier cell made it: its figures' backend and counters go on.
         module = sys.modules.get("_mcp_support") if _session else None
         if module is None:
+            if not _tail_size:
+                raise RuntimeError("the gateway's support module was removed from this session")
             module = sys.modules["_mcp_support"] = type(sys)("_mcp_support")
             import zlib
 
@@ -287,12 +295,14 @@ def _support() -> "ModuleType":
             else:  # an interpreter with another bytecode format than the gateway's
                 code = compile(data, "<mcp-support>", "exec", dont_inherit=True)
             exec(code, vars(module))
-        module.configure(
+        _support_module = module
+    if not _configured:
+        _support_module.configure(
             workdir=_workdir,
             source=_source,
             hide=(main.__code__, _show.__code__),
             streams=_guarded,
             session=_session,
         )
-        _support_module = module
+        _configured = True
     return _support_module

@@ -14,6 +14,7 @@ import anyio
 import httpx
 import pytest
 
+import plotting
 from evaluator import Evaluator, SessionNotFound, _agent, create_app
 from snekbox_client import EvalRequest, EvalResult, File
 
@@ -278,3 +279,28 @@ def select_timeout(fd: int, seconds: float) -> Iterator[None]:
     """Fail unless ``fd`` is readable within ``seconds`` (rather than block the test)."""
     assert select.select([fd], [], [], seconds)[0], f"nothing to read within {seconds} s"
     yield
+
+
+async def test_a_later_cell_without_the_prelude_runs_as_a_full_one(evaluator: Evaluator) -> None:
+    """The gateway sends a live session's later cells without the prelude (``later_cell``): the
+    interpreter's own, kept by the first cell, shows values, guards the output, hides its
+    frames, captures figures and removes its files as it did in that cell."""
+
+    async def run(code: str, *, later_cell: bool = True) -> EvalResult:
+        request = plotting.build_request(code, later_cell=later_cell)
+        with anyio.fail_after(120):
+            return await evaluator.run(EvalRequest(**{**request.__dict__, "session": "s"}))
+
+    later = plotting.build_request("x", later_cell=True)
+    assert sum(len(f.content) for f in later.files) < 2048
+    assert (await run("x = 2", later_cell=False)).returncode == 0
+    assert (await run("x + 1")).stdout == "3\n"
+    guarded = await run("import sys\nsys.stdout.write('a\\udcff\\n')")
+    assert guarded.stdout.startswith("a\ufffd\n"), guarded
+    failed = await run("y = 1\n1 / 0")
+    assert failed.returncode == 1 and 'File "<string>", line 2' in failed.stdout, failed
+    assert "_mcp" not in failed.stdout and "prelude" not in failed.stdout
+    drawn = await run("import matplotlib.pyplot as plt\nplt.plot([1, x])")
+    assert [f.path for f in plotting.sort_files(drawn.files).figures] == ["figure_001.png"]
+    listed = await run("import os\nprint([f for f in sorted(os.listdir()) if f[0] != '.'])")
+    assert listed.stdout == "['figure_001.png']\n", listed

@@ -179,3 +179,29 @@ async def test_the_readmes_three_call_analysis(
         assert chart["path"] == "chart.png" and chart["mime_type"] == "image/png"
         read = await client.read_resource(chart["uri"])
         assert read.contents
+
+
+async def test_later_calls_rely_on_the_prelude_the_interpreter_kept(
+    live_gateway: tuple[str, Any], transport: str
+) -> None:
+    """Later calls come without the prelude: one the code removed is said, not worked around."""
+    url, _ = live_gateway
+    async with connect(url, transport) as client:
+        session = {"session_id": facts(await call_code(client, "x = 1"))["session_id"]}
+        await call_code(client, "import sys\ndel sys._mcp_prelude", **session)
+        lost = facts(await call_code(client, "print(x)", **session))
+        assert lost["returncode"] == 1 and "prelude was removed" in lost["stdout"], lost
+
+
+async def test_a_first_call_stopped_early_sends_the_prelude_again(
+    live_gateway: tuple[str, Any], transport: str
+) -> None:
+    """A first call interrupted may not have left the prelude behind: the next one brings it."""
+    url, _ = live_gateway
+    stopped = "import sys, time\nx = 1\ndel sys._mcp_prelude\ntime.sleep(60)"
+    async with connect(url, transport) as client:
+        first = facts(await call_code(client, stopped, timeout_seconds=1))
+        assert first["status"] == "interrupted", first
+        session = {"session_id": first["session_id"]}
+        assert facts(await call_code(client, "print(x)", **session))["stdout"] == "1\n"
+        assert facts(await call_code(client, "print(x + 1)", **session))["stdout"] == "2\n"
