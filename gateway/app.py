@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Any
 
-from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
@@ -81,8 +80,9 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
     )
     if not tracing_configured():
         # The SDK's span per message costs every call a span that nothing records.
+        # Named, not imported: the SDK keeps the class in a private module.
         server.middleware[:] = [
-            m for m in server.middleware if not isinstance(m, OpenTelemetryMiddleware)
+            m for m in server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"
         ]
     _add_tool(server, gateway)
     server.add_tool(

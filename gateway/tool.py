@@ -720,10 +720,9 @@ class Gateway:
                         self.sessions.place(session, replica)  # its handle names the replica
                     session.replica = replica
                 later = live and session.live and session.prelude_loaded
-                request = plotting.build_request(code, later_cell=later)
+                sent = tuple(File(p, c) for p, c in carried.items())
                 request = replace(
-                    request,
-                    files=(*request.files, *(File(p, c) for p, c in carried.items())),
+                    plotting.build_request(code, later_cell=later),
                     content_wanted=wanted,
                     time_limit=time_limit if self._limits_time else None,
                     session=session.name if live else None,
@@ -731,10 +730,21 @@ class Gateway:
                     executable_path=choices.python.executable_path if choices.python else None,
                     packages=choices.packages,
                 )
+                request = replace(request, files=(*request.files, *sent))
                 if time_limit is None or self._limits_time:
-                    return await self.client.eval(
-                        request, replica=session.replica, extra_time=self._install_time(choices)
+                    extra_time = self._install_time(choices)
+                    result = await self.client.eval(
+                        request, replica=session.replica, extra_time=extra_time
                     )
+                    if later and plotting.prelude_missing(result):
+                        # The interpreter has no prelude of this gateway's (the code removed
+                        # it, another gateway's runs there): the code did not run.
+                        whole = plotting.build_request(code).files
+                        request = replace(request, files=(*whole, *sent))
+                        result = await self.client.eval(
+                            request, replica=session.replica, extra_time=extra_time
+                        )
+                    return result
                 # Snekbox applies its own limit: a shorter one is how long the gateway waits.
                 try:
                     with anyio.fail_after(time_limit):

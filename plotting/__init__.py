@@ -33,6 +33,7 @@ by code the user controls: :func:`read_manifest` treats it as hostile.
 
 import ast
 import functools
+import hashlib
 import importlib.resources
 import importlib.util
 import marshal
@@ -41,7 +42,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from snekbox_client import EvalRequest, File
+from snekbox_client import EvalRequest, EvalResult, File
 
 from ._prelude import BUNDLE_NAME, CODE_FILENAME, PRELUDE_NAME
 from ._support import (
@@ -69,6 +70,7 @@ __all__ = [
     "figure_number",
     "is_figure",
     "prelude_files",
+    "prelude_missing",
     "read_manifest",
     "sort_files",
 ]
@@ -77,6 +79,10 @@ __all__ = [
 FIGURE_PATTERN = re.compile(r"figure_([0-9]{3,})\.png")
 #: Names of figures still being saved: left over when a run ended during a save.
 LOST_FIGURE_PATTERN = re.compile(r"figure_([0-9]{3,})\.png" + re.escape(PARTIAL_SUFFIX))
+#: What a later cell of a session answers when its interpreter holds no prelude to run it
+#: (``_boot.py`` writes them): see :func:`prelude_missing`.
+_PRELUDE_MISSING_STATUS = 121
+_PRELUDE_MISSING_OUTPUT = "The prelude is not in this session's interpreter: sent again.\n"
 #: The first bytes of every PNG file.
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -85,16 +91,20 @@ _MANIFEST_RECORD = re.compile(rb"([0-9]{1,20}) (.+)", re.DOTALL)
 
 
 @functools.cache
-def _prelude_parts() -> tuple[bytes, tuple[bytes, bytes, bytes], bytes]:
-    """The first file, what the bundle's head holds of the prelude, the bundle's tail."""
+def _prelude_parts() -> tuple[bytes, tuple[bytes, bytes, bytes], bytes, bytes]:
+    """The first file, what the bundle's head holds of the prelude, the bundle's tail, and the
+    digest that names this prelude (its files' and this interpreter's magic number's)."""
     package = importlib.resources.files(__name__)
     boot = package.joinpath("_boot.py").read_bytes()
+    sources = [package.joinpath(name).read_bytes() for name in ("_prelude.py", "_support.py")]
     (prelude_code, prelude), (support_code, support) = (
-        _compiled_and_source(package.joinpath(name).read_bytes(), filename)
-        for name, filename in (("_prelude.py", "<mcp-prelude>"), ("_support.py", "<mcp-support>"))
+        _compiled_and_source(source, filename)
+        for source, filename in zip(sources, ("<mcp-prelude>", "<mcp-support>"), strict=True)
     )
     tail = marshal.dumps((zlib.compress(support_code, 9), zlib.compress(support, 9)), 4)
-    return boot, (importlib.util.MAGIC_NUMBER, prelude_code, prelude), tail
+    magic = importlib.util.MAGIC_NUMBER
+    digest = hashlib.sha256(b"\0".join([magic, boot, *sources])).digest()[:16]
+    return boot, (magic, prelude_code, prelude), tail, digest
 
 
 def _compiled_and_source(source: bytes, filename: str) -> tuple[bytes, bytes]:
@@ -141,25 +151,41 @@ def prelude_files(code: bytes, *, later_cell: bool = False) -> tuple[File, File]
     """The two files of the request that runs ``code``: the first file and the bundle.
 
     The bundle is two ``marshal`` records, readable by any Python 3. The head, ``(magic,
-    prelude code, prelude source, code, size of the tail)``: ``magic`` is this interpreter's
-    bytecode magic number (``importlib.util.MAGIC_NUMBER``), the prelude's code is compiled
-    here, ``marshal``-ed (see :func:`_compiled_and_source`). The tail, ``(support code, support
-    source)``, compressed with ``zlib``: read only by a run that needs the support module.
-    ``_boot.py`` loads the compiled prelude when its interpreter has the same magic number, else
-    it compiles the prelude's source, and the prelude does the same with the support module.
+    prelude code, prelude source, code, size of the tail, digest)``: ``magic`` is this
+    interpreter's bytecode magic number (``importlib.util.MAGIC_NUMBER``), the prelude's code is
+    compiled here, ``marshal``-ed (see :func:`_compiled_and_source`), the digest names this
+    prelude. The tail, ``(support code, support source)``, compressed with ``zlib``: read only
+    by a run that needs the support module. ``_boot.py`` loads the compiled prelude when its
+    interpreter has the same magic number, else it compiles the prelude's source, and the
+    prelude does the same with the support module.
 
-    ``later_cell``: a later cell of a live session whose interpreter has run the prelude (an
-    earlier cell ended by itself), which keeps it as ``sys._mcp_prelude``: the bundle is then
-    the head alone, without the prelude and the support module (empty, and a tail of 0 bytes),
-    about 2 KiB on the wire instead of 50.
+    ``later_cell``: a later cell of a live session, whose interpreter keeps the prelude an
+    earlier cell ran (``sys._mcp_prelude``): the bundle is the head alone, with the prelude's
+    code and source empty and a tail of 0 bytes (2 KiB on the wire instead of 50). If that
+    interpreter holds no prelude with this digest (the code removed it, another gateway's
+    sent it), the cell ends before the code runs, as :func:`prelude_missing` tells, and is to be
+    sent again whole.
     """
-    boot, (magic, prelude_code, prelude_source), tail = _prelude_parts()
+    boot, (magic, prelude_code, prelude_source), tail, digest = _prelude_parts()
     if later_cell:
-        return File(PRELUDE_NAME, boot), File(
-            BUNDLE_NAME, marshal.dumps((magic, b"", b"", code, 0), 4)
-        )
-    head = marshal.dumps((magic, prelude_code, prelude_source, code, len(tail)), 4)
+        head = marshal.dumps((magic, b"", b"", code, 0, digest), 4)
+        return File(PRELUDE_NAME, boot), File(BUNDLE_NAME, head)
+    head = marshal.dumps((magic, prelude_code, prelude_source, code, len(tail), digest), 4)
     return File(PRELUDE_NAME, boot), File(BUNDLE_NAME, head + tail)
+
+
+def prelude_missing(result: EvalResult) -> bool:
+    """Whether a later cell (see :func:`prelude_files`) found no prelude to run: the code did
+    not run, and the cell is to be sent again with the prelude.
+
+    What the first file answers then; code that prints the same and exits the same way is
+    merely run again once.
+    """
+    return (
+        result.returncode == _PRELUDE_MISSING_STATUS
+        and result.stdout == _PRELUDE_MISSING_OUTPUT
+        and result.ended_by in ("exit", None)
+    )
 
 
 def build_request(

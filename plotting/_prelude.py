@@ -68,10 +68,12 @@ _finder = type(sys)("_mcp_finder")
 _support_module: "ModuleType | None" = None
 # Whether the support module was configured for this run (a session's later cells keep it).
 _configured = False
+# Which prelude this is (the gateway's digest of it): a later cell runs it only if it names it.
+_digest = b""
 
 
 def main(
-    head: "tuple[bytes, bytes, bytes, bytes, int]",
+    head: "tuple[bytes, bytes, bytes, bytes, int, bytes]",
     bundle: bytes,
     compiled: bool,
     namespace: "dict[str, object]",
@@ -79,7 +81,8 @@ def main(
     """Run the user's code as ``__main__``; exit the way ``python`` would have.
 
     Args:
-        head: The bundle's head (see ``prelude_files()``): the user's code, the tail's size.
+        head: The bundle's head (see ``prelude_files()``): the user's code, the tail's size,
+            the digest of the prelude that sent it.
         bundle: The bundle, whose tail is the support module: its ``marshal``-ed code and its
             source, compressed with ``zlib`` (imported only to make the module).
         compiled: Whether the support module is to be loaded as code (the prelude was).
@@ -89,7 +92,9 @@ def main(
             have freed the first file's.
     """
     global _source, _bundle, _tail_size, _support_compiled, _workdir, _session, _configured
+    global _digest
     _source, _bundle, _tail_size, _support_compiled = head[3], bundle, head[4], compiled
+    _digest = head[5]
     _session = getattr(sys, "_mcp_session", False) is True
     _configured = False
     _guarded.clear()

@@ -304,3 +304,10 @@ async def test_a_later_cell_without_the_prelude_runs_as_a_full_one(evaluator: Ev
     assert [f.path for f in plotting.sort_files(drawn.files).figures] == ["figure_001.png"]
     listed = await run("import os\nprint([f for f in sorted(os.listdir()) if f[0] != '.'])")
     assert listed.stdout == "['figure_001.png']\n", listed
+    # An interpreter without this prelude (removed, or another gateway's): the code does not run.
+    gone = await run("import sys\nsys._mcp_prelude = dict(sys._mcp_prelude, _digest=b'other')")
+    assert gone.returncode == 0
+    missing = await run("print('ran')")
+    assert plotting.prelude_missing(missing), missing
+    assert (await run("print(x)", later_cell=False)).stdout == "2\n"
+    assert (await run("print(x)")).stdout == "2\n"

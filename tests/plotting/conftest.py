@@ -99,8 +99,9 @@ def from_source(request: EvalRequest) -> EvalRequest:
     files = []
     for file in request.files:
         if file.path == BUNDLE_NAME:
+            # The head after the magic number: prelude code and source, code, tail size, digest.
             _, *head = marshal.loads(file.content)
-            tail = file.content[-head[-1] :]
+            tail = file.content[-head[3] :]
             file = File(BUNDLE_NAME, marshal.dumps((b"\0\0\0\0", *head), 4) + tail)
         files.append(file)
     return EvalRequest(args=request.args, files=files)

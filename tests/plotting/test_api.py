@@ -48,6 +48,7 @@ def test_exported_members() -> None:
         "figure_number",
         "is_figure",
         "prelude_files",
+        "prelude_missing",
         "read_manifest",
         "sort_files",
     }
@@ -82,8 +83,12 @@ def test_the_first_file_is_the_packaged_boot_and_the_bundle_holds_the_rest() -> 
     package = Path(plotting.__file__).parent
     boot, bundle = prelude_files(b"print(1)")
     assert boot.content == (package / "_boot.py").read_bytes()
-    magic, prelude, prelude_source, code, tail_size = marshal.loads(bundle.content)
+    magic, prelude, prelude_source, code, tail_size, digest = marshal.loads(bundle.content)
     assert (magic, code) == (importlib.util.MAGIC_NUMBER, b"print(1)")
+    # A later cell of a session: the same first file, and the head alone with the same digest.
+    later_boot, later = prelude_files(b"print(1)", later_cell=True)
+    assert later_boot == boot
+    assert marshal.loads(later.content) == (magic, b"", b"", code, 0, digest)
     support, support_source = marshal.loads(bundle.content[-tail_size:])
     sources = {"_prelude.py": prelude_source, "_support.py": zlib.decompress(support_source)}
     for name, source in sources.items():
