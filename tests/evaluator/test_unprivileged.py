@@ -27,6 +27,7 @@ import anyio
 import httpx
 import pytest
 
+import plotting
 from tests.support import closed_port, connect, wait_until_answers
 
 from . import isolation
@@ -167,6 +168,24 @@ def test_a_live_session_for_an_ordinary_user(service: tuple[str, object]) -> Non
     assert cell("print(kept)")["stdout"] == f"{NOBODY}\n"
     assert httpx.delete(f"{url}/sessions/nobody", timeout=30).status_code == 204
     assert cell("print('kept' in globals())")["stdout"] == "False\n"
+
+
+def test_a_sessions_later_cells_run_the_prelude_it_kept(service: tuple[str, object]) -> None:
+    """The gateway's requests, as an ordinary user's evaluator gets them: later cells come
+    without the prelude and run the one the first cell kept."""
+    url, _ = service
+
+    def cell(code: str, *, later_cell: bool = True) -> dict[str, object]:
+        request = plotting.build_request(code, later_cell=later_cell).to_json()
+        answer = httpx.post(f"{url}/eval", json={**request, "session": "prelude"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()  # type: ignore[no-any-return]
+
+    assert cell("import os\nuid = os.getuid()", later_cell=False)["returncode"] == 0
+    assert cell("uid")["stdout"] == f"{NOBODY}\n"
+    assert str(cell("print('a\\udcff')")["stdout"]).startswith("a\ufffd\n")
+    failed = cell("1 / 0")
+    assert failed["returncode"] == 1 and "_mcp" not in str(failed["stdout"]), failed
 
 
 def test_every_live_session_starts_on_a_shared_uid(venv: Path) -> None:
