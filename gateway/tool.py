@@ -721,8 +721,10 @@ class Gateway:
                     session.replica = replica
                 later = live and session.live and session.prelude_loaded
                 sent = tuple(File(p, c) for p, c in carried.items())
+                request = plotting.build_request(code, later_cell=later)
                 request = replace(
-                    plotting.build_request(code, later_cell=later),
+                    request,
+                    files=(*request.files, *sent),
                     content_wanted=wanted,
                     time_limit=time_limit if self._limits_time else None,
                     session=session.name if live else None,
@@ -730,7 +732,6 @@ class Gateway:
                     executable_path=choices.python.executable_path if choices.python else None,
                     packages=choices.packages,
                 )
-                request = replace(request, files=(*request.files, *sent))
                 if time_limit is None or self._limits_time:
                     extra_time = self._install_time(choices)
                     result = await self.client.eval(
@@ -739,8 +740,8 @@ class Gateway:
                     if later and plotting.prelude_missing(result):
                         # The interpreter has no prelude of this gateway's (the code removed
                         # it, another gateway's runs there): the code did not run.
-                        whole = plotting.build_request(code).files
-                        request = replace(request, files=(*whole, *sent))
+                        whole = plotting.build_request(code)
+                        request = replace(request, files=(*whole.files, *sent))
                         result = await self.client.eval(
                             request, replica=session.replica, extra_time=extra_time
                         )
