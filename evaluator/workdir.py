@@ -17,6 +17,7 @@ permissions it needs, through descriptors that never follow a symlink.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -164,26 +165,69 @@ class Workdir:
     def write_files(self, files: Iterable[File]) -> dict[str, int]:
         """Write the request's files; return their mtimes (ns) to spot unmodified ones later.
 
+        In a session the code has had the directory to itself: any name may be a symlink, a FIFO
+        or a directory it planted, and its threads may still be changing them. So every step goes
+        through descriptors that never follow a symlink: each directory on the way is opened
+        ``O_NOFOLLOW``, the file is opened ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO cannot block this
+        thread) and must be a regular file, and its mode and owner are set on that descriptor.
+
         Raises:
-            WriteError: a file could not be created (e.g. no space left).
+            WriteError: a file could not be created (no space left, or its path is taken by
+                something that is not a directory or a regular file).
         """
         written: dict[str, int] = {}
-        for file in files:
-            target = Path(os.path.normpath(self.access / file.path))
-            try:
-                if self.access not in target.parents:
-                    raise IsADirectoryError(errno.EISDIR, "not a file path", str(target))
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(file.content)
-                target.chmod(0o777)
-                if self.owner is not None:
-                    _chown_below(self.access, target, self.owner)
-                written[str(target.relative_to(self.access))] = target.stat().st_mtime_ns
-            except OSError as exc:
-                raise WriteError(
-                    f"{type(exc).__name__}: Failed to create file '{file.path}'."
-                ) from exc
+        files = list(files)
+        if not files:
+            return written
+        root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
+        try:
+            for file in files:
+                target = Path(os.path.normpath(self.access / file.path))
+                try:
+                    if self.access not in target.parents:
+                        raise IsADirectoryError(errno.EISDIR, "not a file path", str(target))
+                    relative = target.relative_to(self.access)
+                    written[str(relative)] = self._write_beneath(root_fd, relative.parts, file)
+                except OSError as exc:
+                    raise WriteError(
+                        f"{type(exc).__name__}: Failed to create file '{file.path}'."
+                    ) from exc
+        finally:
+            os.close(root_fd)
         return written
+
+    def _write_beneath(self, root_fd: int, parts: tuple[str, ...], file: File) -> int:
+        """Write one file below ``root_fd``, making its directories; return its mtime (ns)."""
+        *dirs, name = parts
+        fds: list[int] = []
+        try:
+            dir_fd = root_fd
+            for part in dirs:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=dir_fd)
+                dir_fd = _open_dir(part, dir_fd)
+                fds.append(dir_fd)
+                if self.owner is not None:
+                    os.fchown(dir_fd, *self.owner)
+            flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                fd = os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+            except PermissionError:
+                fd = _reopen_repaired(name, dir_fd, stat.S_ISREG, 0o200, flags)
+            fds.append(fd)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise FileExistsError(errno.EEXIST, "not a regular file", name)
+            os.ftruncate(fd, 0)
+            view = memoryview(file.content)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, 0o777)
+            if self.owner is not None:
+                os.fchown(fd, *self.owner)
+            return os.fstat(fd).st_mtime_ns
+        finally:
+            for fd in reversed(fds):
+                os.close(fd)
 
     def collect(
         self,
@@ -373,14 +417,6 @@ def _read_beneath(
     finally:
         for fd in reversed(fds):
             os.close(fd)
-
-
-def _chown_below(root: Path, target: Path, owner: tuple[int, int]) -> None:
-    """Give ``target`` and the directories between it and ``root`` to the run's user."""
-    for path in [target, *target.parents]:
-        if path == root:
-            return
-        os.chown(path, *owner, follow_symlinks=False)
 
 
 def _mount_tmpfs(path: Path, size: int, inodes: int, owner: tuple[int, int] | None = None) -> None:

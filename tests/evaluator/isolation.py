@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +173,51 @@ def status(pid: int) -> dict[str, str]:
     """The fields of ``/proc/<pid>/status``."""
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def session_traps(host: Path) -> str:
+    """Code that leaves, in its session's working directory, traps for the next call's files.
+
+    Symlinks to a host file and a host directory (the evaluator writes input files as its own
+    user: root, or the user who started it), a FIFO (opening it to write would wait for a reader
+    for good) and one a thread of the session holds open to read (opening it succeeds).
+    """
+    return (
+        "import os, threading\n"
+        f"os.symlink({str(host / 'victim')!r}, 'link.txt')\n"
+        f"os.symlink({str(host)!r}, 'linked')\n"
+        "os.mkfifo('fifo.txt')\n"
+        "os.mkfifo('held.txt')\n"
+        "threading.Thread(target=lambda: open('held.txt', 'rb').read(), daemon=True).start()\n"
+        "os.mkdir('sub')\n"
+        "print('set')\n"
+    )
+
+
+#: Where a later call sends a file, each into one of :func:`session_traps`'s traps.
+TRAPPED_PATHS = ("link.txt", "linked/new/evil.txt", "fifo.txt", "held.txt")
+
+
+def make_victim(host: Path, owner: int) -> None:
+    """A host file of ``owner``'s, in a directory of theirs, that a followed symlink would reach."""
+    host.mkdir(mode=0o755)
+    (host / "victim").write_text("original")
+    (host / "victim").chmod(0o644)
+    for path in (host, host / "victim"):
+        os.chown(path, owner, owner)
+
+
+def check_trap_refused(path: str, answer: dict[str, Any]) -> None:
+    """The call did not run: the file could not be created (Snekbox's wording)."""
+    assert answer["returncode"] is None, answer
+    expected = rf"\w+: Failed to create file '{re.escape(path)}'\."
+    assert re.fullmatch(expected, answer["stdout"]), answer
+
+
+def check_victim_untouched(host: Path, owner: int) -> None:
+    """Nothing of the host changed: the file's content, mode and owner, the directory's entries."""
+    info = (host / "victim").stat()
+    assert (host / "victim").read_text() == "original"
+    assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o644, owner)
+    assert sorted(os.listdir(host)) == ["victim"]
+    assert host.stat().st_uid == owner

@@ -24,7 +24,7 @@ from evaluator import Evaluator
 from snekbox_client import EvalRequest
 
 from . import isolation
-from .conftest import config, run
+from .conftest import b64, config, run
 
 pytestmark = pytest.mark.anyio
 
@@ -50,6 +50,27 @@ async def test_only_the_needed_socket_families(client: httpx.AsyncClient) -> Non
     result = await run(client, isolation.SOCKETS)
     assert result["returncode"] == 0, result["stdout"]
     isolation.check_sockets(result["stdout"])
+
+
+async def test_a_sessions_traps_neither_redirect_nor_hold_up_its_files(
+    client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """The next call's files never follow a symlink the code left, nor wait on its FIFO."""
+    host = tmp_path / "host"
+    isolation.make_victim(host, os.geteuid())
+    session = f"traps-{secrets.token_hex(4)}"
+    planted = await run(client, isolation.session_traps(host), session=session)
+    assert planted["stdout"] == "set\n", planted
+    for path in isolation.TRAPPED_PATHS:
+        with anyio.fail_after(30):
+            files = [{"path": path, "content": b64(b"x")}]
+            answer = await run(client, "print('ran')", session=session, files=files)
+        isolation.check_trap_refused(path, answer)
+    isolation.check_victim_untouched(host, os.geteuid())
+    # A directory the code made takes files as before, and the session goes on.
+    files = [{"path": "sub/ok.txt", "content": b64(b"fine")}]
+    ok = await run(client, "print(open('sub/ok.txt').read())", session=session, files=files)
+    assert ok["stdout"] == "fine\n", ok
 
 
 @AS_ROOT

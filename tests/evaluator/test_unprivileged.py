@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -223,6 +224,40 @@ def test_shared_isolation_checks_hold_for_an_ordinary_user(
     disk = run(url, isolation.DISK)
     assert disk["returncode"] == 0, disk["stdout"]
     isolation.check_disk(str(disk["stdout"]))
+
+
+def test_a_sessions_traps_neither_redirect_nor_hold_up_its_files(
+    service: tuple[str, object],
+) -> None:
+    """As for root (test_isolation.py): here a followed symlink would write as nobody, so the
+    host file and directory are nobody's."""
+    url, _ = service
+    base = Path(tempfile.mkdtemp(prefix="evaluator-traps-", dir="/tmp"))
+    try:
+        base.chmod(0o711)
+        host = base / "host"
+        isolation.make_victim(host, NOBODY)
+
+        def call(code: str, files: list[dict[str, str]] | None = None) -> dict[str, Any]:
+            body = {"input": code, "session": "traps", "files": files or []}
+            answer = httpx.post(f"{url}/eval", json=body, timeout=30)
+            assert answer.status_code == 200, answer.text
+            return answer.json()  # type: ignore[no-any-return]
+
+        assert call(isolation.session_traps(host))["stdout"] == "set\n"
+        for path in isolation.TRAPPED_PATHS:
+            content = base64.b64encode(b"x").decode()
+            isolation.check_trap_refused(
+                path, call("print('ran')", [{"path": path, "content": content}])
+            )
+        isolation.check_victim_untouched(host, NOBODY)
+        ok = call(
+            "print(open('sub/ok.txt').read())", [{"path": "sub/ok.txt", "content": "ZmluZQ=="}]
+        )
+        assert ok["stdout"] == "fine\n", ok
+    finally:
+        httpx.delete(f"{url}/sessions/traps", timeout=30)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_run_sharing_the_users_uid_gets_no_inotify_instance(

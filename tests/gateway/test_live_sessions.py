@@ -8,6 +8,7 @@ files kept), a memory kill, isolation between sessions, and the interpreters end
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -205,3 +206,23 @@ async def test_a_first_call_stopped_early_sends_the_prelude_again(
         session = {"session_id": first["session_id"]}
         assert facts(await call_code(client, "print(x)", **session))["stdout"] == "1\n"
         assert facts(await call_code(client, "print(x + 1)", **session))["stdout"] == "2\n"
+
+
+async def test_files_sent_into_a_session_never_follow_or_wait_on_what_its_code_left(
+    live_gateway: tuple[str, Any], transport: str, tmp_path: Path
+) -> None:
+    """A symlink to a host file and a FIFO, left where the next call's files go, are refused
+    (written by the evaluator's user, a symlink would reach the host; a FIFO would wait)."""
+    url, _ = live_gateway
+    victim = tmp_path / "victim"
+    victim.write_text("original")
+    traps = f"import os\nos.symlink({str(victim)!r}, 'link.txt')\nos.mkfifo('fifo.txt')\nx = 1"
+    async with connect(url, transport) as client:
+        session = {"session_id": facts(await call_code(client, traps))["session_id"]}
+        for path in ("link.txt", "fifo.txt"):
+            files = [{"path": path, "content": "written"}]
+            refused = facts(await call_code(client, "print('ran')", files=files, **session))
+            assert refused["status"] == "not_run", refused
+            assert f"Failed to create file '{path}'" in refused["message"], refused
+        assert victim.read_text() == "original"
+        assert facts(await call_code(client, "print(x)", **session))["stdout"] == "1\n"
