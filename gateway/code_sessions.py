@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .handles import SessionHandles
 
-__all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "file_uri"]
+__all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "SessionsBusy", "file_uri"]
 
 #: The scheme of the files' resource URIs: ``session://<session id>/<path, percent-encoded>``.
 URI_SCHEME = "session"
@@ -63,6 +63,17 @@ class SessionGone(Exception):
             f"The session {session_id!r} {reason}: its files and state are lost, and the code "
             "did not run. Call again without session_id to start a new session, sending with "
             "`files` whatever the code needs."
+        )
+
+
+class SessionsBusy(Exception):
+    """No session can start: every open one is running a call, and none is closed for it."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(
+            f"All {count} sessions this gateway keeps are running a call, so no new session can "
+            "start now; the code did not run. Retry in a few seconds, or continue a session "
+            "with its session_id once its call has answered."
         )
 
 
@@ -139,7 +150,11 @@ class CodeSessions:
             self.ended.labels(why)
 
     def create(self, owner: str | None) -> CodeSession:
-        """A new session of ``owner``; the longest idle ones close first if the cap is reached."""
+        """A new session of ``owner``; the longest idle ones close first if the cap is reached.
+
+        Raises:
+            SessionsBusy: the cap is reached and every open session is running a call.
+        """
         handle = self.handles.issue(owner, None)
         session = self._add(CodeSession(handle.text, owner, handle.name))
         self.created.inc()
@@ -152,6 +167,7 @@ class CodeSessions:
 
         Raises:
             SessionGone: no such open session of this owner (another owner's is "unknown").
+            SessionsBusy: adopting it needs room that no idle session can make.
         """
         self.expire()
         session = self._open.get(session_id)
@@ -184,10 +200,16 @@ class CodeSessions:
             self._open[session.id] = session
 
     def _add(self, session: CodeSession) -> CodeSession:
+        """Open ``session``, closing the longest idle ones if the cap is reached: never one
+        whose call is running (it would be killed, and its result would blame the code)."""
         self.expire()
-        while len(self._open) >= self.max_sessions:
-            oldest = next(iter(self._open))
-            self._close(oldest, "evicted")
+        if len(self._open) >= self.max_sessions:
+            idle = [s.id for s in self._open.values() if not s.lock.locked()]
+            excess = len(self._open) - self.max_sessions + 1
+            if len(idle) < excess:
+                raise SessionsBusy(len(self._open))
+            for session_id in idle[:excess]:
+                self._close(session_id, "evicted")
         self._open[session.id] = session
         return session
 

@@ -45,7 +45,7 @@ from .admission import Admission, Busy
 from .backend import START_PROBE_TIMEOUT, Backend
 from .budget import INLINE_FILE_BYTES
 from .choices import MAX_PACKAGES, ChoiceRefused, Choices, Offer, choose, script_metadata
-from .code_sessions import CodeSession, CodeSessions, SessionGone
+from .code_sessions import CodeSession, CodeSessions, SessionGone, SessionsBusy
 from .environment import CORE, ENVIRONMENT_URI, Environment
 from .failures import GATEWAY_FAILED, ServiceFailure, explain, failure_kind
 from .handles import SessionHandles
@@ -388,6 +388,9 @@ class Gateway:
                 self._check_room(session, uploads)
             except (UploadRefused, SessionGone) as exc:
                 outcome = "refused"
+                raise ToolError(str(exc)) from exc
+            except SessionsBusy as exc:
+                outcome = "busy"
                 raise ToolError(str(exc)) from exc
             log.update(session_id=session.id, files_sent=len(uploads))
             time_limit, lowered = self._time_limit(timeout_seconds)

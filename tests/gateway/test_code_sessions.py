@@ -225,6 +225,62 @@ async def test_the_longest_idle_session_is_evicted_at_the_cap(
     assert await _session_metric(small_gateway, "created_total") >= 3
 
 
+async def _calls_under_way(url: str, count: int) -> None:
+    """Return once ``count`` calls hold their sessions (running, or waiting for a slot)."""
+    with anyio.fail_after(60):
+        while True:
+            under_way = sum(
+                [
+                    await _metric(url, "mcp_evaluations_in_flight"),
+                    await _metric(url, "mcp_evaluations_waiting"),
+                ]
+            )
+            if under_way >= count:
+                return
+            await anyio.sleep(0.05)
+
+
+async def _metric(url: str, name: str) -> float:
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{url}/metrics")).text
+    found = re.search(rf"^{re.escape(name)} (\S+)$", metrics, re.M)
+    assert found, name
+    return float(found[1])
+
+
+async def test_a_session_whose_call_runs_is_never_evicted(
+    small_gateway: str, transport: str
+) -> None:
+    """At the cap, the longest idle session makes room, not a longer unused one that is
+    running a call; when every session is running one, a new session is refused, said why."""
+    slow = "import time\ntime.sleep(2)\nprint('slept')"
+    async with connect(small_gateway, transport) as client:
+        running = facts(await call_code(client, "1"))["session_id"]
+        idle = facts(await call_code(client, "1"))["session_id"]
+        results: dict[str, Any] = {}
+
+        async def call(name: str, session_id: str) -> None:
+            results[name] = await call_code(client, slow, session_id=session_id)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "running", running)
+            await _calls_under_way(small_gateway, 1)
+            facts(await call_code(client, "1", session_id=idle))  # the running one is older now
+            third = facts(await call_code(client, "1"))["session_id"]
+        assert facts(results["running"])["stdout"] == "slept\n"
+        evicted = await call_code(client, "1", session_id=idle)
+        assert evicted.is_error and "to make room" in text_of(evicted)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "first", running)
+            group.start_soon(call, "second", third)
+            await _calls_under_way(small_gateway, 2)
+            refused = await call_code(client, "print('ran')")
+        assert refused.is_error and "are running a call" in text_of(refused), text_of(refused)
+        for name in ("first", "second"):
+            assert facts(results[name])["stdout"] == "slept\n"
+
+
 async def test_an_idle_session_expires(expiring_gateway: str, transport: str) -> None:
     async with connect(expiring_gateway, transport) as client:
         session_id = facts(await call_code(client, "1"))["session_id"]
