@@ -7,6 +7,7 @@ the gateway could not tell waiting from running.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -23,7 +24,9 @@ class Admission:
     """At most ``limit`` evaluations at once across every session and transport.
 
     Up to ``max_waiting`` more wait for a slot, each at most ``max_wait`` seconds; beyond either
-    bound the call is refused at once with :class:`Busy`, so no caller hangs.
+    bound the call is refused at once with :class:`Busy`, so no caller hangs. A call waiting for
+    its session's previous call (:meth:`turn`) is bounded the same way: one client could
+    otherwise queue any number of calls on one session, each holding its files in memory.
     """
 
     def __init__(self, limit: int, max_waiting: int, max_wait: float) -> None:
@@ -51,6 +54,32 @@ class Admission:
         finally:
             self.in_flight -= 1
             self._slots.release()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, lock: asyncio.Lock) -> AsyncIterator[None]:
+        """Hold a session's ``lock`` for the block, waiting for it as for a slot: among the
+        ``max_waiting``, at most ``max_wait`` seconds.
+
+        Raises:
+            Busy: the queue is full, or the lock was not released within ``max_wait``.
+        """
+        if lock.locked():
+            if self.waiting >= self.max_waiting:
+                raise Busy(f"{self.waiting} calls are waiting already")
+            self.waiting += 1
+            try:
+                with anyio.fail_after(self.max_wait):
+                    await lock.acquire()
+            except TimeoutError:
+                raise Busy(f"its call before this one ran on for {self.max_wait:g} s") from None
+            finally:
+                self.waiting -= 1
+        else:
+            await lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
     async def _wait_for_slot(self) -> None:
         if self.waiting >= self.max_waiting:

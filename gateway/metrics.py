@@ -37,7 +37,9 @@ class Metrics:
         )
         in_flight.set_function(lambda: admission.in_flight)
         waiting = Gauge(
-            "mcp_evaluations_waiting", "Calls waiting for a slot", registry=self.registry
+            "mcp_evaluations_waiting",
+            "Calls waiting for a slot, or for their session's call before",
+            registry=self.registry,
         )
         waiting.set_function(lambda: admission.waiting)
 

@@ -394,30 +394,37 @@ class Gateway:
                 raise ToolError(str(exc)) from exc
             log.update(session_id=session.id, files_sent=len(uploads))
             time_limit, lowered = self._time_limit(timeout_seconds)
-            async with session.lock:
-                if not self.sessions.is_open(session):  # closed while this call waited
-                    outcome = "refused"
-                    raise ToolError(str(self.sessions.gone(session.id)))
-                try:  # under the lock: as the call before left the session
-                    choices = self._choices(code, python, packages, session)
-                except ChoiceRefused as exc:
-                    outcome = "refused"
-                    raise ToolError(str(exc)) from exc
-                self.sessions.touch(session)
-                try:
-                    result = await self._evaluate_with_progress(
-                        code, ctx, started, session, uploads, time_limit, choices
-                    )
-                except ServiceFailure:
-                    if session_id is None:  # nobody learns its id: it would only wait to expire
-                        self.sessions.discard(session)
-                    raise
-                self._remember(session, choices, result)
-                view = self._keep_files(session, uploads, result)
-                self.sessions.touch(session)
-                log["session_id"] = session.id
-                if not self.sessions.is_open(session):  # evicted while it ran: end its new
-                    self._end_live_session(session, None)  # interpreter, which nothing holds
+            try:
+                async with self.admission.turn(session.lock):
+                    if not self.sessions.is_open(session):  # closed while this call waited
+                        outcome = "refused"
+                        raise ToolError(str(self.sessions.gone(session.id)))
+                    try:  # under the lock: as the call before left the session
+                        choices = self._choices(code, python, packages, session)
+                    except ChoiceRefused as exc:
+                        outcome = "refused"
+                        raise ToolError(str(exc)) from exc
+                    self.sessions.touch(session)
+                    try:
+                        result = await self._evaluate_with_progress(
+                            code, ctx, started, session, uploads, time_limit, choices
+                        )
+                    except ServiceFailure:
+                        if session_id is None:  # nobody learns its id: it would only wait to expire
+                            self.sessions.discard(session)
+                        raise
+                    self._remember(session, choices, result)
+                    view = self._keep_files(session, uploads, result)
+                    self.sessions.touch(session)
+                    log["session_id"] = session.id
+                    if not self.sessions.is_open(session):  # evicted while it ran: end its new
+                        self._end_live_session(session, None)  # interpreter, which nothing holds
+            except Busy as exc:  # raised only before the turn came: nothing of it ran
+                outcome = "busy"
+                raise ToolError(
+                    f"The session is running another call, and this one cannot wait for it "
+                    f"({exc}); this code did not run. Call again once that call has answered."
+                ) from exc
             view.time_limit_lowered = lowered
             rendered = render_result(
                 result,

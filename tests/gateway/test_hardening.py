@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -141,6 +144,68 @@ async def test_admission_bounds_the_wait() -> None:
             async with admission.slot():
                 pass
     assert (admission.in_flight, admission.waiting) == (0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_sessions_turn_is_waited_for_as_a_slot_is() -> None:
+    admission = Admission(limit=1, max_waiting=1, max_wait=0.5)
+    lock = asyncio.Lock()
+    async with admission.turn(lock):
+        assert lock.locked()
+        async with anyio.create_task_group() as calls:
+            calls.start_soon(_wait_for_turn, admission, lock)
+            await anyio.wait_all_tasks_blocked()
+            assert admission.waiting == 1
+            with anyio.fail_after(1), pytest.raises(Busy, match="1 calls are waiting already"):
+                async with admission.turn(lock):
+                    pass
+    assert not lock.locked() and admission.waiting == 0
+
+
+async def _wait_for_turn(admission: Admission, lock: asyncio.Lock) -> None:
+    with anyio.fail_after(2), pytest.raises(Busy, match=r"ran on for 0\.5 s"):
+        async with admission.turn(lock):
+            pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("transport", ["sse", "http"])
+async def test_calls_queued_on_one_session_are_bounded(settings: Settings, transport: str) -> None:
+    """However many calls a client sends into one session, at most MCP_MAX_WAITING wait for
+    its running call, each at most MCP_MAX_WAIT seconds; the others are refused at once."""
+    bounded = settings.model_copy(update={"max_waiting": 1, "max_wait": 1.0})
+    with serve(create_app(bounded)) as url, anyio.fail_after(90):
+        async with connect(url, transport) as client:
+            first = await client.call_tool("execute_python_code", {"code": "1"})
+            session = {"session_id": (first.structured_content or {})["session_id"]}
+            results: dict[str, Any] = {}
+
+            async def call(name: str, code: str) -> None:
+                arguments = {"code": code, **session}
+                results[name] = await client.call_tool("execute_python_code", arguments)
+
+            async with anyio.create_task_group() as calls:
+                calls.start_soon(call, "running", SLEEP.format(seconds=4))
+                await _until_metric(url, "mcp_evaluations_in_flight", 1)
+                calls.start_soon(call, "waiting", "print('waited')")
+                await _until_metric(url, "mcp_evaluations_waiting", 1)
+                await call("refused", "print('refused')")
+                assert "1 calls are waiting already" in text_of(results["refused"])
+        assert results["refused"].is_error
+        assert results["waiting"].is_error, text_of(results["waiting"])
+        assert "ran on for 1 s" in text_of(results["waiting"])
+        assert "this code did not run" in text_of(results["waiting"])
+        assert text_of(results["running"]).startswith("slept\n")
+
+
+async def _until_metric(url: str, name: str, value: float) -> None:
+    async with httpx.AsyncClient() as http:
+        while True:
+            text = (await http.get(f"{url}/metrics")).text
+            found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+            if found and float(found[1]) >= value:
+                return
+            await anyio.sleep(0.05)
 
 
 @pytest.mark.anyio
