@@ -94,6 +94,9 @@ class CodeSession:
     #: Whether that interpreter has run the prelude (a call through this gateway ended by
     #: itself there), so that later calls are sent without it (``plotting.build_request``).
     prelude_loaded: bool = False
+    #: A call was cancelled while its interpreter ran it, and that interpreter was ended: the
+    #: next result says why the variables are gone.
+    cancelled: bool = False
     #: The address of the evaluator replica holding that interpreter (several replicas behind
     #: one name), where its calls go; ``None``: anywhere (one service, or not live).
     replica: str | None = None

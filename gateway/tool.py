@@ -409,7 +409,7 @@ class Gateway:
                         result = await self._evaluate_with_progress(
                             code, ctx, started, session, uploads, time_limit, choices
                         )
-                    except ServiceFailure:
+                    except (ServiceFailure, asyncio.CancelledError):
                         if session_id is None:  # nobody learns its id: it would only wait to expire
                             self.sessions.discard(session)
                         raise
@@ -485,6 +485,19 @@ class Gateway:
             return
         if self.settings.session_secret and why in ("expired", "evicted"):
             return
+        self._end_in_background(session)
+
+    def _abandon_interpreter(self, session: CodeSession) -> None:
+        """A call was cancelled (its client went away) while ``session``'s interpreter ran it:
+        the evaluator ends such an interpreter, and is told to here as well (one it already
+        ended is no error), so that the next call starts a new one with the session's files
+        rather than finding it gone, and its result says why."""
+        self._end_in_background(session)
+        session.live = session.prelude_loaded = False
+        session.cancelled = True
+
+    def _end_in_background(self, session: CodeSession) -> None:
+        """End ``session``'s interpreter without waiting; the next evaluation waits for it."""
         task = asyncio.ensure_future(self._end_in_evaluator(session.name, session.replica))
         self._endings.add(task)
         task.add_done_callback(self._endings.discard)
@@ -654,11 +667,13 @@ class Gateway:
                 kept[file.path] = True
             else:
                 kept[file.path] = False
+        cancelled, session.cancelled = session.cancelled, False
         return SessionView(
             session.id,
             kept,
             self.settings.max_session_bytes,
             interpreter_ended=bool(result.session_ended),
+            after_cancelled_call=cancelled,
         )
 
     async def drained(self) -> None:
@@ -744,17 +759,22 @@ class Gateway:
                 )
                 if time_limit is None or self._limits_time:
                     extra_time = self._install_time(choices)
-                    result = await self.client.eval(
-                        request, replica=session.replica, extra_time=extra_time
-                    )
-                    if later and plotting.prelude_missing(result):
-                        # The interpreter has no prelude of this gateway's (the code removed
-                        # it, another gateway's runs there): the code did not run.
-                        whole = plotting.build_request(code)
-                        request = replace(request, files=(*whole.files, *sent))
+                    try:
                         result = await self.client.eval(
                             request, replica=session.replica, extra_time=extra_time
                         )
+                        if later and plotting.prelude_missing(result):
+                            # The interpreter has no prelude of this gateway's (the code
+                            # removed it, another gateway's runs there): the code did not run.
+                            whole = plotting.build_request(code)
+                            request = replace(request, files=(*whole.files, *sent))
+                            result = await self.client.eval(
+                                request, replica=session.replica, extra_time=extra_time
+                            )
+                    except asyncio.CancelledError:
+                        if live:
+                            self._abandon_interpreter(session)
+                        raise
                     return result
                 # Snekbox applies its own limit: a shorter one is how long the gateway waits.
                 try:

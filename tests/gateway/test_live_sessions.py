@@ -7,11 +7,13 @@ files kept), a memory kill, isolation between sessions, and the interpreters end
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from python_mcp_server import Settings, create_app
@@ -226,3 +228,38 @@ async def test_files_sent_into_a_session_never_follow_or_wait_on_what_its_code_l
             assert f"Failed to create file '{path}'" in refused["message"], refused
         assert victim.read_text() == "original"
         assert facts(await call_code(client, "print(x)", **session))["stdout"] == "1\n"
+
+
+async def test_a_cancelled_call_leaves_a_new_interpreter_with_the_files_and_says_so(
+    live_gateway: tuple[str, Any], transport: str
+) -> None:
+    """The client gives up on a call: the interpreter running it ends, and the next call runs
+    in a new one with the session's files (not a 'gone' error), saying why variables are gone."""
+    url, _ = live_gateway
+    async with connect(url, transport) as client:
+        first = "x = 42\nopen('data.txt', 'w').write('kept')"
+        session = {"session_id": facts(await call_code(client, first))["session_id"]}
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                functools.partial(call_code, client, "import time\ntime.sleep(60)", **session)
+            )
+            await until_evaluating(url)
+            group.cancel_scope.cancel()
+        after = await call_code(
+            client, "print(open('data.txt').read(), 'x' in globals())", **session
+        )
+        assert facts(after)["stdout"] == "kept False\n"
+        assert "call before this one was cancelled while it ran" in text_of(after)
+        again = await call_code(client, "print('again')", **session)
+        assert "cancelled" not in text_of(again)
+
+
+async def until_evaluating(url: str) -> None:
+    """Return once an evaluation is under way (and a moment more, for its request to leave)."""
+    async with httpx.AsyncClient() as http:
+        with anyio.fail_after(60):
+            while True:
+                if "mcp_evaluations_in_flight 1.0" in (await http.get(f"{url}/metrics")).text:
+                    break
+                await anyio.sleep(0.05)
+    await anyio.sleep(0.5)
