@@ -70,9 +70,36 @@ _support_module: "ModuleType | None" = None
 _configured = False
 # Which prelude this is (the gateway's digest of it): a later cell runs it only if it names it.
 _digest = b""
+# Whether this run's code was started (an interrupt came in the prelude's work before or after).
+_code_started = False
 
 
 def main(
+    head: "tuple[bytes, bytes, bytes, bytes, int, bytes]",
+    bundle: bytes,
+    compiled: bool,
+    namespace: "dict[str, object]",
+) -> None:
+    """Run the user's code as ``__main__`` (:func:`_main`); exit the way ``python`` would have.
+
+    A session's time limit is a KeyboardInterrupt, which may come while the prelude itself
+    works, before the code or after it (a tiny ``timeout_seconds``): it is said in one line,
+    with none of the prelude's frames, and the cell ends as an interrupted one.
+    """
+    global _code_started
+    _code_started = False
+    try:
+        _main(head, bundle, compiled, namespace)
+    except KeyboardInterrupt:
+        when = "as the code ended" if _code_started else "before the code started"
+        try:
+            print("KeyboardInterrupt: the time limit came", when, file=sys.stderr, flush=True)
+        except BaseException:
+            pass
+        raise SystemExit(130) from None
+
+
+def _main(
     head: "tuple[bytes, bytes, bytes, bytes, int, bytes]",
     bundle: bytes,
     compiled: bool,
@@ -92,7 +119,7 @@ def main(
             have freed the first file's.
     """
     global _source, _bundle, _tail_size, _support_compiled, _workdir, _session, _configured
-    global _digest
+    global _digest, _code_started
     _source, _bundle, _tail_size, _support_compiled = head[3], bundle, head[4], compiled
     _digest = head[5]
     _session = getattr(sys, "_mcp_session", False) is True
@@ -149,6 +176,7 @@ def main(
         namespace.update(vars(type(sys)("__main__")), __builtins__=builtins)
     sys.argv[:1] = [CODE_FILENAME]
     status = None
+    _code_started = True
     try:
         # exec() of the bytes: read as python reads a script (BOM, coding cookie, bad UTF-8,
         # NUL bytes); a compile error has no frame of the user's and is reported as python
@@ -291,21 +319,26 @@ def _support() -> "ModuleType":
             if not _tail_size:
                 raise RuntimeError("the gateway's support module was removed from this session")
             module = sys.modules["_mcp_support"] = type(sys)("_mcp_support")
-            import zlib
+            try:
+                import zlib
 
-            tail = marshal.loads(_bundle[-_tail_size:])
-            data = zlib.decompress(tail[0 if _support_compiled else 1])
-            if _support_compiled:
-                code = marshal.loads(data)
-            else:  # an interpreter with another bytecode format than the gateway's
-                code = compile(data, "<mcp-support>", "exec", dont_inherit=True)
-            exec(code, vars(module))
+                tail = marshal.loads(_bundle[-_tail_size:])
+                data = zlib.decompress(tail[0 if _support_compiled else 1])
+                if _support_compiled:
+                    code = marshal.loads(data)
+                else:  # an interpreter with another bytecode format than the gateway's
+                    code = compile(data, "<mcp-support>", "exec", dont_inherit=True)
+                exec(code, vars(module))
+            except BaseException:
+                # Half made (an interrupt): a session's later cells would find it as it is.
+                del sys.modules["_mcp_support"]
+                raise
         _support_module = module
     if not _configured:
         _support_module.configure(
             workdir=_workdir,
             source=_source,
-            hide=(main.__code__, _show.__code__),
+            hide=(main.__code__, _main.__code__, _show.__code__),
             streams=_guarded,
             session=_session,
         )

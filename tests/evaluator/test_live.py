@@ -311,3 +311,50 @@ async def test_a_later_cell_without_the_prelude_runs_as_a_full_one(evaluator: Ev
     assert plotting.prelude_missing(missing), missing
     assert (await run("print(x)", later_cell=False)).stdout == "2\n"
     assert (await run("print(x)")).stdout == "2\n"
+
+
+#: Code that makes the next call of ``name`` in the support module (``<mcp-support>``; its
+#: ``<module>``: its making) raise KeyboardInterrupt, as a time limit coming there would.
+INTERRUPT_IN_SUPPORT = """
+import sys
+def trap(frame, event, arg):
+    code = frame.f_code
+    if event == "call" and (code.co_filename, code.co_name) == ("<mcp-support>", {name!r}):
+        sys.settrace(None)
+        raise KeyboardInterrupt
+    return None
+sys.settrace(trap)
+"""
+
+
+async def test_an_interrupt_in_the_preludes_own_work_ends_the_cell_and_nothing_more(
+    evaluator: Evaluator,
+) -> None:
+    """A time limit shorter than the prelude's work (a tiny ``timeout_seconds``) interrupts it,
+    not the code: the cell ends interrupted, saying so in one line with none of the prelude's
+    frames, and the session's next cells run (a support module made halfway is not kept)."""
+
+    async def run(code: str) -> EvalResult:
+        request = plotting.build_request(code)
+        with anyio.fail_after(120):
+            return await evaluator.run(EvalRequest(**{**request.__dict__, "session": "trap"}))
+
+    assert (await run("x = 1")).returncode == 0
+    # The support module is made again in the next cell, and interrupted as it is made.
+    remake = "import sys\ndel sys.modules['_mcp_support']\n" + INTERRUPT_IN_SUPPORT.format(
+        name="<module>"
+    )
+    assert (await run(remake)).returncode == 0
+    before = await run("print('ran')")
+    assert (before.returncode, before.stdout) == (
+        130,
+        "KeyboardInterrupt: the time limit came before the code started\n",
+    )
+    assert (await run("print(x)")).stdout == "1\n"
+    # As the code ends: what it printed stays.
+    after = await run(INTERRUPT_IN_SUPPORT.format(name="finish") + "print('ran')")
+    assert (after.returncode, after.stdout) == (
+        130,
+        "ran\nKeyboardInterrupt: the time limit came as the code ended\n",
+    )
+    assert (await run("print(x + 1)")).stdout == "2\n"
