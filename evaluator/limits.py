@@ -146,7 +146,7 @@ def describe(
             "syscalls",
             seccomp_reason is None,
             "seccomp filter (ptrace, mount, namespaces, bpf, keyctl, ... denied; sockets: "
-            "AF_UNIX, AF_INET, AF_INET6 only)"
+            "AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK route only)"
             if seccomp_reason is None
             else f"no seccomp filter: {seccomp_reason}",
         ),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import logging
 from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.types import ToolAnnotations
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -141,8 +142,8 @@ def _add_session_files(server: MCPServer[Any], gateway: Gateway) -> None:
     def session_file(session_id: str, path: str) -> str | bytes:
         try:
             content = gateway.read_session_file(session_id, path)
-        except SessionGone as exc:
-            raise ResourceError(str(exc)) from None
+        except SessionGone as exc:  # a file of a session that is no more does not exist
+            raise ResourceNotFoundError(f"{exc.fate}: its files are gone.") from None
         except KeyError:
             raise ResourceNotFoundError(
                 f"The session {session_id!r} has no file {path!r} (files it was sent or wrote)."
@@ -168,6 +169,16 @@ def _add_environment(server: MCPServer[Any], gateway: Gateway) -> None:
         return json.dumps(gateway.environment_report(), indent=1)
 
 
+def _unparsable_messages_as_warnings(record: logging.LogRecord) -> bool:
+    """The SDK logs a ``POST /messages/`` body that is not JSON-RPC at ERROR, with a traceback,
+    and answers it 400: a client's mistake (anyone's on loopback), not the server's, so one
+    line at WARNING."""
+    if record.msg == "Failed to parse message":
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
+    return True
+
+
 def create_app(settings: Settings) -> Starlette:
     """The Starlette app serving SSE, Streamable HTTP, ``/healthz``, ``/readyz`` and ``/metrics``.
 
@@ -178,6 +189,7 @@ def create_app(settings: Settings) -> Starlette:
         ValueError: the settings are unsafe (see :meth:`Settings.check`).
     """
     settings.check()
+    logging.getLogger("mcp.server.sse").addFilter(_unparsable_messages_as_warnings)
     gateway = Gateway(settings)
     server = create_server(gateway)
     security = settings.transport_security()

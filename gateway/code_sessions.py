@@ -59,6 +59,8 @@ class SessionGone(Exception):
             "expired": f"expired after {idle_timeout / 60:g} minutes without a call",
             "evicted": "was closed to make room for newer sessions (too many were open)",
         }[why]
+        #: What became of it, as a sentence's start, for what is not a call (a file's read).
+        self.fate = f"The session {session_id!r} {reason}"
         super().__init__(
             f"The session {session_id!r} {reason}: its files and state are lost, and the code "
             "did not run. Call again without session_id to start a new session, sending with "

@@ -65,13 +65,16 @@ class SseSessions:
         session: Session | None = None
         start: Message | None = None
         refused = ended = False
+        status: int | None = None
 
         with anyio.CancelScope() as scope_of_stream:
 
             async def send_watching(message: Message) -> None:
-                nonlocal session, start, refused, ended
+                nonlocal session, start, refused, ended, status
                 if refused:
                     return
+                if message["type"] == "http.response.start":
+                    status = message["status"]
                 if message["type"] == "http.response.start" and message["status"] == 200:
                     start = message  # held back until the endpoint event says which session
                     return
@@ -94,6 +97,11 @@ class SseSessions:
 
             try:
                 await self.app(scope, receive, send_watching)
+            except ValueError:
+                # The SDK answers a refused Host or Origin (421, 403), then raises, which would
+                # log a traceback at ERROR for each such request: the client has its answer.
+                if status not in (403, 421):
+                    raise
             finally:
                 if session is not None:
                     self._table.discard(session)

@@ -474,7 +474,7 @@ class Gateway:
         try:
             self.sessions.end(session_id, _owner(), adopt=self.live_backend)
         except SessionGone as exc:
-            raise ToolError(str(exc)) from exc
+            raise ToolError(f"{exc.fate}: there is nothing to end.") from exc
         return f"The session {session_id!r} is ended; its files are gone."
 
     def _end_live_session(self, session: CodeSession, why: str | None) -> None:
@@ -835,7 +835,12 @@ class Gateway:
         ]
 
     async def readiness(self) -> str | None:
-        """``None`` when the evaluation service answers, else why not (safe to show anyone)."""
+        """``None`` when the evaluation service answers, else why not (safe to show anyone).
+
+        Draining, the gateway is not ready: a load balancer stops sending it calls it would
+        refuse."""
+        if self.draining:
+            return "the gateway is shutting down"
         try:
             await self.client.ping()
         except EvaluatorUnavailable:

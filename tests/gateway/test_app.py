@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -34,6 +35,60 @@ def test_bad_host_header_is_refused(gateway_url: str) -> None:
         f"{gateway_url}/mcp", headers={"Host": "evil.example:80"}, json={"jsonrpc": "2.0"}
     )
     assert response.status_code == 421
+
+
+def test_a_refused_sse_stream_is_answered_without_an_error_logged(gateway_url: str) -> None:
+    """A bad Host or Origin on ``GET /sse`` is refused, and is no error of the server's (the
+    SDK raises after answering: uvicorn logged a traceback at ERROR for each one)."""
+    handler = _Kept(logging.ERROR)
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        for headers, status in (
+            ({"Host": "evil.example:80"}, 421),
+            ({"Origin": "http://evil.example"}, 403),
+        ):
+            response = httpx.get(f"{gateway_url}/sse", headers=headers, timeout=10)
+            assert response.status_code == status
+    finally:
+        logger.removeHandler(handler)
+    assert handler.records == [], [record.getMessage() for record in handler.records]
+
+
+@pytest.mark.anyio
+async def test_a_message_that_is_not_json_rpc_is_a_warning_not_an_error(gateway_url: str) -> None:
+    handler = _Kept(logging.WARNING)
+    logger = logging.getLogger("mcp.server.sse")
+    logger.addHandler(handler)
+    try:
+        async with (
+            httpx.AsyncClient(timeout=10) as http,
+            http.stream("GET", f"{gateway_url}/sse") as stream,
+        ):
+            lines = stream.aiter_lines()
+            endpoint = ""
+            async for line in lines:
+                if line.startswith("data:"):
+                    endpoint = line[len("data:") :].strip()
+                    break
+            headers = {"Content-Type": "application/json"}
+            answer = await http.post(f"{gateway_url}{endpoint}", content=b"{no", headers=headers)
+    finally:
+        logger.removeHandler(handler)
+    assert (answer.status_code, answer.text) == (400, "Could not parse message")
+    levels = [(record.levelname, record.exc_info) for record in handler.records]
+    assert levels == [("WARNING", None)], levels
+
+
+class _Kept(logging.Handler):
+    """Keeps the records it is given."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 @pytest.mark.anyio
@@ -102,6 +157,8 @@ async def test_sigterm_drains_calls_in_flight_and_turns_new_ones_away() -> None:
                     process.send_signal(signal.SIGTERM)
                     await anyio.sleep(0.2)
                     late = await http.call_tool("execute_python_code", {"code": "print(1)"})
+                    async with httpx.AsyncClient() as plain:
+                        ready = await plain.get(f"{url}/readyz")
         started = time.monotonic()
         assert process.wait(timeout=30) in (0, -signal.SIGTERM)
         assert time.monotonic() - started < 10
@@ -112,6 +169,9 @@ async def test_sigterm_drains_calls_in_flight_and_turns_new_ones_away() -> None:
         assert text_of(results[name]).startswith("finished\n"), name
     assert late.is_error
     assert "The gateway is shutting down" in text_of(late)
+    # Draining, it says it is not ready, so that a load balancer sends it no more calls.
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "unavailable", "reason": "the gateway is shutting down"}
 
 
 @pytest.mark.anyio

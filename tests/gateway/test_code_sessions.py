@@ -97,11 +97,14 @@ async def test_written_files_are_resources_while_the_session_lives(
         session_id = result["session_id"]
         with pytest.raises(MCPError, match="has no file"):
             await client.read_resource(f"session://{session_id}/absent.txt")
-        with pytest.raises(MCPError, match="does not exist"):
+        with pytest.raises(MCPError, match="does not exist") as unknown:
             await client.read_resource("session://not-a-session/notes.txt")
+        # Not found (-32602, as an absent file), worded for a read: no code was to run.
+        assert unknown.value.code == -32602
+        assert unknown.value.message.endswith(": its files are gone.")
         ended = await client.call_tool("end_session", {"session_id": session_id})
         assert not ended.is_error and "ended" in text_of(ended)
-        with pytest.raises(MCPError, match="was ended on purpose"):
+        with pytest.raises(MCPError, match="was ended on purpose: its files are gone"):
             await client.read_resource(written["notes.txt"]["uri"])
 
 
@@ -174,7 +177,8 @@ async def test_a_session_that_is_gone_is_said_never_replaced(
         ended = await call_code(client, "print('ran')", session_id=session_id)
         assert ended.is_error and "was ended on purpose" in text_of(ended)
         again = await client.call_tool("end_session", {"session_id": session_id})
-        assert again.is_error and "was ended on purpose" in text_of(again)
+        assert again.is_error
+        assert text_of(again).endswith("was ended on purpose: there is nothing to end.")
 
 
 @pytest.fixture(scope="module", params=["in-process", "over-http"])
