@@ -179,7 +179,12 @@ class Workdir:
         files = list(files)
         if not files:
             return written
-        root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
+        try:
+            root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
+        except OSError as exc:
+            raise WriteError(
+                f"{type(exc).__name__}: Failed to create file '{files[0].path}'."
+            ) from exc
         try:
             for file in files:
                 target = Path(os.path.normpath(self.access / file.path))

@@ -13,11 +13,29 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-__all__ = ["Admission", "Busy"]
+__all__ = ["Admission", "Busy", "Turns"]
 
 
 class Busy(Exception):
     """No evaluation slot could be had: the wait queue is full or the wait took too long."""
+
+
+class Turns:
+    """A session's calls, one at a time: a lock, and the count of calls holding or waiting for it.
+
+    ``asyncio.Lock.locked()`` reads False while the lock passes from one call to the next: a
+    call arriving then would neither wait within bounds nor find the session busy. The count
+    holds from a call's arrival to its end.
+    """
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.calls = 0
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call holds the session or waits for it."""
+        return self.calls > 0
 
 
 class Admission:
@@ -56,30 +74,33 @@ class Admission:
             self._slots.release()
 
     @contextlib.asynccontextmanager
-    async def turn(self, lock: asyncio.Lock) -> AsyncIterator[None]:
-        """Hold a session's ``lock`` for the block, waiting for it as for a slot: among the
+    async def turn(self, turns: Turns) -> AsyncIterator[None]:
+        """Hold a session's turn for the block, waiting for it as for a slot: among the
         ``max_waiting``, at most ``max_wait`` seconds.
 
         Raises:
-            Busy: the queue is full, or the lock was not released within ``max_wait``.
+            Busy: the queue is full, or the call before did not end within ``max_wait``.
         """
-        if lock.locked():
-            if self.waiting >= self.max_waiting:
-                raise Busy(f"{self.waiting} calls are waiting already")
-            self.waiting += 1
-            try:
-                with anyio.fail_after(self.max_wait):
-                    await lock.acquire()
-            except TimeoutError:
+        waits = turns.busy
+        if waits and self.waiting >= self.max_waiting:
+            raise Busy(f"{self.waiting} calls are waiting already")
+        turns.calls += 1
+        self.waiting += int(waits)
+        try:
+            with anyio.fail_after(self.max_wait if waits else None):
+                await turns.lock.acquire()
+        except BaseException as exc:
+            turns.calls -= 1
+            if isinstance(exc, TimeoutError):
                 raise Busy(f"its call before this one ran on for {self.max_wait:g} s") from None
-            finally:
-                self.waiting -= 1
-        else:
-            await lock.acquire()
+            raise
+        finally:
+            self.waiting -= int(waits)
         try:
             yield
         finally:
-            lock.release()
+            turns.lock.release()
+            turns.calls -= 1
 
     async def _wait_for_slot(self) -> None:
         if self.waiting >= self.max_waiting:

@@ -20,7 +20,6 @@ takes it on (:meth:`CodeSessions.get` with ``adopt``), without its files.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from collections import OrderedDict
@@ -31,6 +30,7 @@ from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from .admission import Turns
 from .handles import SessionHandles
 
 __all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "SessionsBusy", "file_uri"]
@@ -96,9 +96,9 @@ class CodeSession:
     #: Whether that interpreter has run the prelude (a call through this gateway ended by
     #: itself there), so that later calls are sent without it (``plotting.build_request``).
     prelude_loaded: bool = False
-    #: A call was cancelled while its interpreter ran it, and that interpreter was ended: the
-    #: next result says why the variables are gone.
-    cancelled: bool = False
+    #: A call sent to its interpreter ended without an answer (cancelled, timed out, cut off),
+    #: and that interpreter was ended: the next result says why the variables are gone.
+    abandoned: bool = False
     #: The address of the evaluator replica holding that interpreter (several replicas behind
     #: one name), where its calls go; ``None``: anywhere (one service, or not live).
     replica: str | None = None
@@ -111,7 +111,7 @@ class CodeSession:
     #: a files-only session's next run) has them too.
     packages: tuple[str, ...] = ()
     #: One call at a time: a second one waits, as a notebook runs one cell at a time.
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    turns: Turns = field(default_factory=Turns)
 
     @property
     def size(self) -> int:
@@ -209,7 +209,7 @@ class CodeSessions:
         whose call is running (it would be killed, and its result would blame the code)."""
         self.expire()
         if len(self._open) >= self.max_sessions:
-            idle = [s.id for s in self._open.values() if not s.lock.locked()]
+            idle = [s.id for s in self._open.values() if not s.turns.busy]
             excess = len(self._open) - self.max_sessions + 1
             if len(idle) < excess:
                 raise SessionsBusy(len(self._open))
@@ -261,7 +261,7 @@ class CodeSessions:
         for session in list(self._open.values()):
             if session.last_used > deadline:
                 break  # the rest were used later
-            if not session.lock.locked():
+            if not session.turns.busy:
                 self._close(session.id, "expired")
 
     def _close(self, session_id: str, why: Ending) -> None:

@@ -57,9 +57,9 @@ class SessionView:
     time_limit_lowered: float | None = None
     #: The session's live interpreter ended with this call (its variables are gone).
     interpreter_ended: bool = False
-    #: The call before was cancelled while it ran, which ended the interpreter: this call ran
-    #: in a new one.
-    after_cancelled_call: bool = False
+    #: The call before ended without an answer, which ended the interpreter: this call ran in
+    #: a new one.
+    after_abandoned_call: bool = False
 
 
 def render_result(
@@ -243,11 +243,12 @@ def compose(
         )
 
     if session is not None:
-        if session.after_cancelled_call:
+        if session.after_abandoned_call:
             lines.append(
-                "[the session's call before this one was cancelled while it ran, which ended "
-                "its interpreter: this call ran in a new one, with the session's files; the "
-                "variables and imports of earlier calls are gone]"
+                "[the session's call before this one ended without its answer (cancelled, "
+                "timed out or cut off), which ended its interpreter: this call ran in a new "
+                "one, with the session's files; the variables and imports of earlier calls are "
+                "gone]"
             )
         if session.interpreter_ended:
             lines.append(

@@ -30,9 +30,11 @@ from starlette.requests import Request
 import evaluator
 import plotting
 from snekbox_client import (
+    ConnectionLost,
     ContentWanted,
     EvalResult,
     EvaluatorRejected,
+    EvaluatorTimeout,
     EvaluatorUnavailable,
     File,
     ReplicaGone,
@@ -395,7 +397,7 @@ class Gateway:
             log.update(session_id=session.id, files_sent=len(uploads))
             time_limit, lowered = self._time_limit(timeout_seconds)
             try:
-                async with self.admission.turn(session.lock):
+                async with self.admission.turn(session.turns):
                     if not self.sessions.is_open(session):  # closed while this call waited
                         outcome = "refused"
                         raise ToolError(str(self.sessions.gone(session.id)))
@@ -488,13 +490,14 @@ class Gateway:
         self._end_in_background(session)
 
     def _abandon_interpreter(self, session: CodeSession) -> None:
-        """A call was cancelled (its client went away) while ``session``'s interpreter ran it:
-        the evaluator ends such an interpreter, and is told to here as well (one it already
-        ended is no error), so that the next call starts a new one with the session's files
-        rather than finding it gone, and its result says why."""
+        """A call sent to ``session``'s interpreter ended without its answer (cancelled: its
+        client went away; or timed out, or its connection cut): the evaluator ends such an
+        interpreter, and is told to here as well (one it already ended is no error), so that
+        the next call starts a new one with the session's files rather than finding it gone,
+        and its result says why."""
         self._end_in_background(session)
         session.live = session.prelude_loaded = False
-        session.cancelled = True
+        session.abandoned = True
 
     def _end_in_background(self, session: CodeSession) -> None:
         """End ``session``'s interpreter without waiting; the next evaluation waits for it."""
@@ -667,13 +670,13 @@ class Gateway:
                 kept[file.path] = True
             else:
                 kept[file.path] = False
-        cancelled, session.cancelled = session.cancelled, False
+        abandoned, session.abandoned = session.abandoned, False
         return SessionView(
             session.id,
             kept,
             self.settings.max_session_bytes,
             interpreter_ended=bool(result.session_ended),
-            after_cancelled_call=cancelled,
+            after_abandoned_call=abandoned,
         )
 
     async def drained(self) -> None:
@@ -794,7 +797,9 @@ class Gateway:
             ) from exc
         except SnekboxError as exc:
             lost = _interpreter_lost(exc, session) if session.live else None
-            if lost is not None:
+            if self.live_backend and isinstance(exc, EvaluatorTimeout | ConnectionLost):
+                self._abandon_interpreter(session)  # the evaluator stops a cell left so
+            elif lost is not None:
                 session.live = session.prelude_loaded = False
                 if isinstance(exc, ReplicaGone):
                     session.replica = None  # the next call starts one elsewhere

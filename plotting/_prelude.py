@@ -176,12 +176,13 @@ def _main(
         namespace.update(vars(type(sys)("__main__")), __builtins__=builtins)
     sys.argv[:1] = [CODE_FILENAME]
     status = None
+    # exec() of the bytes: read as python reads a script (BOM, coding cookie, bad UTF-8, NUL
+    # bytes); a compile error has no frame of the user's and is reported as python reports
+    # one. The prelude is compiled with no __future__ imports to pass on. (_split raises only
+    # an interrupt, which is main()'s to report.)
+    code, last = _split(_source) if _may_end_with_expression(_source) else (_source, None)
     _code_started = True
     try:
-        # exec() of the bytes: read as python reads a script (BOM, coding cookie, bad UTF-8,
-        # NUL bytes); a compile error has no frame of the user's and is reported as python
-        # reports one. The prelude is compiled with no __future__ imports to pass on.
-        code, last = _split(_source) if _may_end_with_expression(_source) else (_source, None)
         exec(code, namespace)
         if last is not None:
             _show(eval(last, namespace))
@@ -318,8 +319,9 @@ def _support() -> "ModuleType":
         if module is None:
             if not _tail_size:
                 raise RuntimeError("the gateway's support module was removed from this session")
-            module = sys.modules["_mcp_support"] = type(sys)("_mcp_support")
+            module = type(sys)("_mcp_support")
             try:
+                sys.modules["_mcp_support"] = module
                 import zlib
 
                 tail = marshal.loads(_bundle[-_tail_size:])
@@ -331,7 +333,7 @@ def _support() -> "ModuleType":
                 exec(code, vars(module))
             except BaseException:
                 # Half made (an interrupt): a session's later cells would find it as it is.
-                del sys.modules["_mcp_support"]
+                sys.modules.pop("_mcp_support", None)
                 raise
         _support_module = module
     if not _configured:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -16,6 +15,7 @@ import anyio
 import httpx
 import pytest
 
+from gateway.admission import Turns
 from python_mcp_server import Admission, Busy, Settings, create_app
 from tests.support import connect, serve, text_of
 
@@ -149,23 +149,46 @@ async def test_admission_bounds_the_wait() -> None:
 @pytest.mark.anyio
 async def test_a_sessions_turn_is_waited_for_as_a_slot_is() -> None:
     admission = Admission(limit=1, max_waiting=1, max_wait=0.5)
-    lock = asyncio.Lock()
-    async with admission.turn(lock):
-        assert lock.locked()
+    turns = Turns()
+    async with admission.turn(turns):
+        assert turns.busy
         async with anyio.create_task_group() as calls:
-            calls.start_soon(_wait_for_turn, admission, lock)
+            calls.start_soon(_wait_for_turn, admission, turns, "ran on for 0.5 s")
             await anyio.wait_all_tasks_blocked()
             assert admission.waiting == 1
             with anyio.fail_after(1), pytest.raises(Busy, match="1 calls are waiting already"):
-                async with admission.turn(lock):
+                async with admission.turn(turns):
                     pass
-    assert not lock.locked() and admission.waiting == 0
+    assert not turns.busy and admission.waiting == 0
 
 
-async def _wait_for_turn(admission: Admission, lock: asyncio.Lock) -> None:
-    with anyio.fail_after(2), pytest.raises(Busy, match=r"ran on for 0\.5 s"):
-        async with admission.turn(lock):
+@pytest.mark.anyio
+async def test_a_call_arriving_as_the_turn_passes_on_waits_in_line() -> None:
+    """The lock reads unlocked between one call's end and the next one's start: a call coming
+    then is counted and bounded as any other waiting call."""
+    admission = Admission(limit=1, max_waiting=1, max_wait=10)
+    turns = Turns()
+    async with anyio.create_task_group() as calls:
+        async with admission.turn(turns):
+            calls.start_soon(_hold_turn, admission, turns)
+            await anyio.wait_all_tasks_blocked()
+        # Released: the next call is woken, and has not run yet.
+        assert not turns.lock.locked() and turns.busy
+        with anyio.fail_after(1), pytest.raises(Busy, match="1 calls are waiting already"):
+            async with admission.turn(turns):
+                pass
+    assert not turns.busy and admission.waiting == 0
+
+
+async def _wait_for_turn(admission: Admission, turns: Turns, refused: str) -> None:
+    with anyio.fail_after(2), pytest.raises(Busy, match=refused):
+        async with admission.turn(turns):
             pass
+
+
+async def _hold_turn(admission: Admission, turns: Turns) -> None:
+    async with admission.turn(turns):
+        await anyio.sleep(0.1)
 
 
 @pytest.mark.anyio
@@ -185,17 +208,19 @@ async def test_calls_queued_on_one_session_are_bounded(settings: Settings, trans
                 results[name] = await client.call_tool("execute_python_code", arguments)
 
             async with anyio.create_task_group() as calls:
-                calls.start_soon(call, "running", SLEEP.format(seconds=4))
+                calls.start_soon(call, "running", SLEEP.format(seconds=60))
                 await _until_metric(url, "mcp_evaluations_in_flight", 1)
-                calls.start_soon(call, "waiting", "print('waited')")
-                await _until_metric(url, "mcp_evaluations_waiting", 1)
-                await call("refused", "print('refused')")
-                assert "1 calls are waiting already" in text_of(results["refused"])
+                async with anyio.create_task_group() as queued:
+                    queued.start_soon(call, "waiting", "print('waited')")
+                    await _until_metric(url, "mcp_evaluations_waiting", 1)
+                    await call("refused", "print('refused')")
+                calls.cancel_scope.cancel()  # the running call: its wait was the point
         assert results["refused"].is_error
+        assert "1 calls are waiting already" in text_of(results["refused"])
         assert results["waiting"].is_error, text_of(results["waiting"])
         assert "ran on for 1 s" in text_of(results["waiting"])
         assert "this code did not run" in text_of(results["waiting"])
-        assert text_of(results["running"]).startswith("slept\n")
+        assert "running" not in results
 
 
 async def _until_metric(url: str, name: str, value: float) -> None:

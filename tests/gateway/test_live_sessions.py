@@ -249,9 +249,9 @@ async def test_a_cancelled_call_leaves_a_new_interpreter_with_the_files_and_says
             client, "print(open('data.txt').read(), 'x' in globals())", **session
         )
         assert facts(after)["stdout"] == "kept False\n"
-        assert "call before this one was cancelled while it ran" in text_of(after)
+        assert "call before this one ended without its answer" in text_of(after)
         again = await call_code(client, "print('again')", **session)
-        assert "cancelled" not in text_of(again)
+        assert "without its answer" not in text_of(again)
 
 
 async def until_evaluating(url: str) -> None:
@@ -263,3 +263,22 @@ async def until_evaluating(url: str) -> None:
                     break
                 await anyio.sleep(0.05)
     await anyio.sleep(0.5)
+
+
+async def test_a_call_cut_off_by_the_gateways_wait_leaves_a_new_interpreter(
+    settings: Settings, transport: str
+) -> None:
+    """Past MCP_EVAL_TIMEOUT (here below the time limit) the gateway stops waiting, and the
+    cell is stopped with its interpreter: the next call runs in a new one, with the files."""
+    impatient = with_evaluator(settings, time_limit=30.0).model_copy(update={"eval_timeout": 3.0})
+    with serve(create_app(impatient)) as url:
+        async with connect(url, transport) as client:
+            first = "x = 1\nopen('data.txt', 'w').write('kept')"
+            session = {"session_id": facts(await call_code(client, first))["session_id"]}
+            cut = await call_code(client, "import time\ntime.sleep(60)", **session)
+            assert cut.is_error, text_of(cut)
+            after = await call_code(
+                client, "print(open('data.txt').read(), 'x' in globals())", **session
+            )
+            assert facts(after)["stdout"] == "kept False\n"
+            assert "call before this one ended without its answer" in text_of(after)
