@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -181,3 +181,15 @@ def facts(result: CallToolResult) -> dict[str, Any]:
     assert not result.is_error, text_of(result)
     assert isinstance(result.structured_content, dict)
     return result.structured_content
+
+
+async def sse_endpoint(lines: AsyncIterator[str]) -> str:
+    """The endpoint (``/messages/?session_id=...``) a ``GET /sse`` stream names first.
+
+    ``lines``: the stream's ``aiter_lines()``, which the caller keeps referenced while it uses
+    the stream (an abandoned line iterator, once collected, closes it).
+    """
+    async for line in lines:
+        if line.startswith("data:"):
+            return line[len("data:") :].strip()
+    raise AssertionError("the SSE stream ended without an endpoint event")

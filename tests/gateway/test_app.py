@@ -21,7 +21,7 @@ from mcp import Client
 from evaluator import SandboxUnavailable
 from python_mcp_server import Gateway, Settings
 from tests.gateway.conftest import with_evaluator
-from tests.support import closed_port, connect, text_of, wait_until_answers
+from tests.support import closed_port, connect, sse_endpoint, text_of, wait_until_answers
 
 
 def test_healthz_and_readyz(gateway_url: str) -> None:
@@ -66,11 +66,7 @@ async def test_a_message_that_is_not_json_rpc_is_a_warning_not_an_error(gateway_
             http.stream("GET", f"{gateway_url}/sse") as stream,
         ):
             lines = stream.aiter_lines()
-            endpoint = ""
-            async for line in lines:
-                if line.startswith("data:"):
-                    endpoint = line[len("data:") :].strip()
-                    break
+            endpoint = await sse_endpoint(lines)
             headers = {"Content-Type": "application/json"}
             answer = await http.post(f"{gateway_url}{endpoint}", content=b"{no", headers=headers)
     finally:

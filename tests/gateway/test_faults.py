@@ -32,7 +32,7 @@ from tests.gateway.harness import (
     evaluator_process,
     wait_for,
 )
-from tests.support import TIME_LIMIT, connect, raw_server, serve, text_of
+from tests.support import TIME_LIMIT, connect, raw_server, serve, sse_endpoint, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -347,11 +347,7 @@ async def test_disconnected_client_kills_the_sandbox(builtin_gateway: str, trans
         else:
             async with http.stream("GET", "/sse") as stream:
                 lines = stream.aiter_lines()
-                endpoint = ""
-                async for line in lines:
-                    if line.startswith("data:"):
-                        endpoint = line[len("data:") :].strip()
-                        break
+                endpoint = await sse_endpoint(lines)
                 for message in (
                     {
                         "jsonrpc": "2.0",
