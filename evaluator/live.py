@@ -12,8 +12,9 @@ A cell past its time limit is interrupted (KeyboardInterrupt, repeated); if it h
 it past the output limit (as a one-shot run, 143) and when the interpreter dies (a memory kill,
 ``os._exit``): the answer says so
 (``session_ended``), and the next run naming the id starts a new interpreter. Sessions also end
-after ``session_idle_timeout`` seconds without a run, when :meth:`LiveSessions.end` is asked, or
-to make room (``session_limit``: the longest idle goes first).
+after ``session_idle_timeout`` seconds without a run (looked for on a timer, not only when a
+request comes), when :meth:`LiveSessions.end` is asked, or to make room (``session_limit``: the
+longest idle goes first).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class LiveSessions:
         self._open: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
         self._starting: dict[str, asyncio.Future[_Session]] = {}
         self._closed = False
+        self._expiry: asyncio.TimerHandle | None = None
 
     @property
     def count(self) -> int:
@@ -227,6 +229,7 @@ class LiveSessions:
                 raise RuntimeError("the evaluator is stopping")
             session = _Session(session_id, sandbox, executable)
             self._open[session_id] = session
+            self._keep_expiring()
             future.set_result(session)
             return session
         except BaseException as exc:
@@ -270,6 +273,20 @@ class LiveSessions:
                 log.info("live session expired: %s", session.id)
                 self._close(session)
 
+    def _keep_expiring(self) -> None:
+        """Look for idle sessions every quarter of the idle timeout (at most a minute apart)
+        while any is open: an idle interpreter, and whatever its code left running, ends on
+        time even when no request comes to trigger :meth:`expire`."""
+        if self._expiry is not None or not self._open or self._closed:
+            return
+        every = min(60.0, max(0.5, self._config.session_idle_timeout / 4))
+        self._expiry = asyncio.get_running_loop().call_later(every, self._expire_and_go_on)
+
+    def _expire_and_go_on(self) -> None:
+        self._expiry = None
+        self.expire()
+        self._keep_expiring()
+
     def _close(self, session: _Session) -> None:
         """End a session: its interpreter is killed at once, its sandbox disposed of once no
         cell runs in it (a running cell's run does that, seeing it killed)."""
@@ -292,6 +309,9 @@ class LiveSessions:
         """End every session, and wait (a little) for the cells that ran to see it: their
         sandboxes are then the pool's to dispose of, which the service waits for."""
         self._closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         sessions = list(self._open.values())
         for session in sessions:
             self._close(session)

@@ -18,6 +18,7 @@ import plotting
 from evaluator import Evaluator, SessionNotFound, _agent, create_app
 from snekbox_client import EvalRequest, EvalResult, File
 
+from . import isolation
 from .conftest import config
 
 
@@ -160,6 +161,24 @@ async def test_ended_evicted_and_idle_sessions_start_afresh() -> None:
             refused = await http.post("/eval", json={"input": "1", "session": "bad id!"})
             assert refused.status_code == 400
         assert (await cell(evaluator, "one", "print('x' in globals())")).stdout == "False\n"
+
+
+async def test_an_idle_session_ends_on_time_without_a_request() -> None:
+    """Its interpreter, and a process its code left running, end once it has been idle for
+    the timeout (and the quarter of it between looks), though no request comes."""
+    async with Evaluator(
+        config(time_limit=10, preimport=(), session_idle_timeout=2.0)
+    ) as evaluator:
+        marker = f"left-running-{os.getpid()}"
+        spin = (
+            "import subprocess, sys\n"
+            f"subprocess.Popen([sys.executable, '-c', 'while 1: pass', {marker!r}])"
+        )
+        assert (await cell(evaluator, "idle", spin)).returncode == 0
+        assert evaluator.live_sessions == 1 and isolation.processes_with(marker)
+        with anyio.fail_after(30):
+            while evaluator.live_sessions or isolation.processes_with(marker):  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
 
 
 async def test_a_resumed_session_that_is_not_held_is_not_started_afresh(
