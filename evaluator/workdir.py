@@ -182,9 +182,7 @@ class Workdir:
         try:
             root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
         except OSError as exc:
-            raise WriteError(
-                f"{type(exc).__name__}: Failed to create file '{files[0].path}'."
-            ) from exc
+            raise _write_error(exc, files[0]) from exc
         try:
             for file in files:
                 target = Path(os.path.normpath(self.access / file.path))
@@ -194,9 +192,7 @@ class Workdir:
                     relative = target.relative_to(self.access)
                     written[str(relative)] = self._write_beneath(root_fd, relative.parts, file)
                 except OSError as exc:
-                    raise WriteError(
-                        f"{type(exc).__name__}: Failed to create file '{file.path}'."
-                    ) from exc
+                    raise _write_error(exc, file) from exc
         finally:
             os.close(root_fd)
         return written
@@ -324,6 +320,11 @@ class Workdir:
             _unmount(self.path)
             self.mounted = False
         _remove_tree(self.path)
+
+
+def _write_error(exc: OSError, file: File) -> WriteError:
+    """Snekbox's words for an input file that could not be written: the run's output."""
+    return WriteError(f"{type(exc).__name__}: Failed to create file '{file.path}'.")
 
 
 def sweep(parent: Path) -> None:

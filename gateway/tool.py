@@ -401,7 +401,7 @@ class Gateway:
                     if not self.sessions.is_open(session):  # closed while this call waited
                         outcome = "refused"
                         raise ToolError(str(self.sessions.gone(session.id)))
-                    try:  # under the lock: as the call before left the session
+                    try:  # in its turn: as the call before left the session
                         choices = self._choices(code, python, packages, session)
                     except ChoiceRefused as exc:
                         outcome = "refused"
