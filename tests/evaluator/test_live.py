@@ -167,12 +167,17 @@ async def test_an_idle_session_ends_on_time_without_a_request() -> None:
     """Its interpreter, and a process its code left running, end once it has been idle for
     the timeout (and the quarter of it between looks), though no request comes."""
     async with Evaluator(
-        config(time_limit=10, preimport=(), session_idle_timeout=2.0)
+        config(time_limit=60, preimport=(), session_idle_timeout=2.0)
     ) as evaluator:
         marker = f"left-running-{os.getpid()}"
+        # The cell ends once the child runs its own code: Popen returns when exec begins,
+        # before the kernel shows the new command line in /proc (seen once on a busy CI).
         spin = (
-            "import subprocess, sys\n"
-            f"subprocess.Popen([sys.executable, '-c', 'while 1: pass', {marker!r}])"
+            "import os, subprocess, sys, time\n"
+            "child = \"open('spinning', 'w').close()\\nwhile 1: pass\"\n"
+            f"subprocess.Popen([sys.executable, '-c', child, {marker!r}])\n"
+            "while not os.path.exists('spinning'):\n"
+            "    time.sleep(0.01)"
         )
         assert (await cell(evaluator, "idle", spin)).returncode == 0
         assert evaluator.live_sessions == 1 and isolation.processes_with(marker)
