@@ -19,6 +19,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+from mcp.server.mcpserver.resources import ResourceSecurity
 from mcp.types import ToolAnnotations
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -138,6 +139,9 @@ def _add_session_files(server: MCPServer[Any], gateway: Gateway) -> None:
         name="session file",
         title="A file of a Python session",
         description="A file in the working directory of an open execute_python_code session.",
+        # ``path`` is a key of the session's own files, never a host path: a file the code
+        # named ``a:b`` (a "drive letter" to the SDK's default checks) must be readable too.
+        security=ResourceSecurity(exempt_params={"path"}),
     )
     def session_file(session_id: str, path: str) -> str | bytes:
         try:

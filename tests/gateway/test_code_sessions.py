@@ -72,15 +72,19 @@ async def test_written_files_are_resources_while_the_session_lives(
     code = (
         "import os\nopen('notes.txt', 'w').write('héllo')\n"
         "open('blob.dat', 'wb').write(bytes(range(256)))\n"
-        "os.mkdir('sub dir')\nopen('sub dir/é 100%#?.txt', 'w').write('odd name')"
+        "os.mkdir('sub dir')\nopen('sub dir/é 100%#?.txt', 'w').write('odd name')\n"
+        # A name the SDK's default checks take for a Windows drive: a file all the same.
+        "open('C:x', 'w').write('drive')"
     )
     async with connect(gateway_url, transport) as client:
         result = facts(await call_code(client, code))
         written = {f["path"]: f for f in result["files"]}
-        assert set(written) == {"notes.txt", "blob.dat", "sub dir/é 100%#?.txt"}
-        odd = await client.read_resource(written["sub dir/é 100%#?.txt"]["uri"])
-        (content,) = odd.contents
-        assert isinstance(content, TextResourceContents) and content.text == "odd name"
+        odd_names = {"sub dir/é 100%#?.txt": "odd name", "C:x": "drive"}
+        assert set(written) == {"notes.txt", "blob.dat", *odd_names}
+        for name, text in odd_names.items():
+            odd = await client.read_resource(written[name]["uri"])
+            (content,) = odd.contents
+            assert isinstance(content, TextResourceContents) and content.text == text
         assert written["notes.txt"]["mime_type"] == "text/plain"
         assert written["notes.txt"]["size"] == len("héllo".encode())
         text = await client.read_resource(written["notes.txt"]["uri"])
