@@ -117,6 +117,18 @@ class CodeSession:
     def size(self) -> int:
         return sum(len(content) for content in self.files.values())
 
+    def keep(self, path: str, content: bytes) -> None:
+        """Hold ``path``'s content. A file there now means that none of its folders is a file
+        and that it is no folder: a file kept from before at either place is dropped, or every
+        later run would fail to write the session's files (a file where a folder must be)."""
+        parts = path.split("/")
+        for end in range(1, len(parts)):
+            self.files.pop("/".join(parts[:end]), None)
+        beneath = path + "/"
+        for other in [name for name in self.files if name.startswith(beneath)]:
+            del self.files[other]
+        self.files[path] = content
+
 
 class CodeSessions:
     """The open sessions of this gateway, with their limits and metrics."""

@@ -10,7 +10,7 @@ from snekbox_client import EndedBy
 
 from .text import quote
 
-__all__ = ["Status", "describe_exit"]
+__all__ = ["Status", "describe_exit", "inputs_written"]
 
 Status = Literal[
     "ok",
@@ -101,6 +101,14 @@ def describe_exit(
     if returncode == 1 and _looks_like_exception(stdout):
         return "exception", "exit code 1: an uncaught exception (traceback above)"
     return "error", f"exit code {returncode}"
+
+
+def inputs_written(returncode: int | None, stdout: str, ended_by: EndedBy | None) -> bool:
+    """Whether the evaluator wrote the run's input files: not when it refused its packages
+    first, nor when writing one failed (the code then did not run)."""
+    if ended_by == "packages_refused":
+        return False
+    return not (returncode is None and _NOT_RUN.fullmatch(stdout))
 
 
 def _describe_message(message: str) -> tuple[Status, str]:

@@ -56,6 +56,7 @@ from .metrics import Metrics
 from .render import SessionView, render_result
 from .schema import ExecutionResult
 from .settings import Settings
+from .status import inputs_written
 from .uploads import InputFile, UploadRefused, decode_files
 
 __all__ = ["END_TOOL_NAME", "TOOL_NAME", "Gateway"]
@@ -402,8 +403,9 @@ class Gateway:
                         outcome = "refused"
                         raise ToolError(str(self.sessions.gone(session.id)))
                     try:  # in its turn: as the call before left the session
+                        self._check_room(session, uploads)
                         choices = self._choices(code, python, packages, session)
-                    except ChoiceRefused as exc:
+                    except (UploadRefused, ChoiceRefused) as exc:
                         outcome = "refused"
                         raise ToolError(str(exc)) from exc
                     self.sessions.touch(session)
@@ -557,7 +559,7 @@ class Gateway:
         """
         offers = self.offers()
         current = next((o for o in offers if o.executable_path == session.python), None)
-        kept = self.live_backend and session.live  # its interpreter runs that Python
+        kept = session.calls > 0  # a session keeps the Python its first call ran
         choices = choose(
             python=python,
             packages=packages,
@@ -571,8 +573,8 @@ class Gateway:
         if kept and choices.python is not None and chosen != session.python:
             running = current.version if current is not None else "another version"
             raise ChoiceRefused(
-                f"This session runs Python {running}; a session keeps its interpreter. "
-                "Omit session_id to start a new session with another Python."
+                f"This session runs Python {running}; a session keeps the Python it started "
+                "with. Omit session_id to start a new session with another Python."
             )
         if choices.python is None and session.calls:
             chosen = session.python  # unasked: the session's own
@@ -660,15 +662,22 @@ class Gateway:
         session.prelude_loaded = session.live and (
             (resumed and session.prelude_loaded) or result.ended_by == "exit"
         )
-        session.files.update(uploads)
+        if inputs_written(result.returncode, result.stdout, result.ended_by):
+            for path, content in uploads.items():
+                session.keep(path, content)
+        returned = plotting.sort_files(result.files)
+        if returned.manifest is not None:  # the code's word, about its own session's files
+            for path in returned.manifest.gone:
+                session.files.pop(path, None)
         kept: dict[str, bool] = {}
-        for file in plotting.sort_files(result.files).others:
+        for file in returned.others:
             old = len(session.files.get(file.path, b""))
             fits = session.size - old + file.size <= self.settings.max_session_bytes
             if file.complete and fits:
-                session.files[file.path] = file.content
+                session.keep(file.path, file.content)
                 kept[file.path] = True
-            else:
+            else:  # an older content is not this file any more
+                session.files.pop(file.path, None)
                 kept[file.path] = False
         abandoned, session.abandoned = session.abandoned, False
         return SessionView(

@@ -87,7 +87,7 @@ _PRELUDE_MISSING_OUTPUT = "The prelude is not in this session's interpreter: sen
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 _MANIFEST_HEADER = re.compile(rb"mcp-manifest 1 ([0-9]{1,12}) ([01])\n")
-_MANIFEST_RECORD = re.compile(rb"([0-9]{1,20}) (.+)", re.DOTALL)
+_MANIFEST_RECORD = re.compile(rb"([0-9]{1,20}|-) (.+)", re.DOTALL)
 
 
 @functools.cache
@@ -233,19 +233,21 @@ class Manifest:
 
     ``files`` holds ``(path, size)`` pairs, as many as fit in :data:`MANIFEST_MAX_BYTES`;
     ``total`` counts every file found, and ``complete`` says whether the walk over the working
-    directory saw all of it (when not, ``total`` is a lower bound).
+    directory saw all of it (when not, ``total`` is a lower bound). ``gone``: files that were
+    there when the code started and are no more (as many as fit).
     """
 
     files: tuple[tuple[str, int], ...]
     total: int
     complete: bool
+    gone: tuple[str, ...] = ()
 
 
 def read_manifest(data: bytes) -> Manifest | None:
     """Parse a manifest; ``None`` for anything but a well-formed one within its size bound.
 
     Paths that are not UTF-8 are decoded with U+FFFD; nothing else is checked about them, since
-    they are only ever shown (escaped) to the model.
+    they are only ever shown (escaped) to the model, or forgotten from the run's own session.
     """
     if len(data) > MANIFEST_MAX_BYTES:
         return None
@@ -255,16 +257,23 @@ def read_manifest(data: bytes) -> Manifest | None:
     records = data[header.end() :].split(b"\0")
     if records.pop() != b"":  # every record ends with a NUL
         return None
-    files = []
+    files: list[tuple[str, int]] = []
+    gone: list[str] = []
     for record in records:
         match = _MANIFEST_RECORD.fullmatch(record)
         if match is None:
             return None
-        files.append((match[2].decode("utf-8", "replace"), int(match[1])))
+        path = match[2].decode("utf-8", "replace")
+        if match[1] == b"-":
+            gone.append(path)
+        elif gone:  # the files come first
+            return None
+        else:
+            files.append((path, int(match[1])))
     total = int(header[1])
     if total < len(files):
         return None
-    return Manifest(tuple(files), total, header[2] == b"1")
+    return Manifest(tuple(files), total, header[2] == b"1", tuple(gone))
 
 
 @dataclass(frozen=True)

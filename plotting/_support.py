@@ -60,7 +60,8 @@ PARTIAL_SUFFIX = ".part"
 #: The manifest: a name Snekbox returns (no leading ``_`` or ``.``) and that sorts before any
 #: ordinary name, so that an evaluator returning files in path order returns it first.
 MANIFEST_NAME = "!mcp-manifest"
-#: The manifest's first line, then one ``<size> <path>\0`` record per file, in path order.
+#: The manifest's first line, then one ``<size> <path>\0`` record per file, in path order,
+#: then one ``- <path>\0`` per file that was there when the code started and is gone.
 MANIFEST_HEADER = b"mcp-manifest 1 %d %d\n"  # files found, 1 if the walk saw everything
 MANIFEST_MAX_BYTES = 64 * 1024
 # Bounds of the walk over the working directory: entries examined, directory levels.
@@ -633,9 +634,11 @@ def write_manifest() -> None:
     The rules are Snekbox's: regular files, not symlinks, no name starting with ``_`` and nothing
     under a name starting with ``.``; files sent in and left unchanged are left out. The walk is
     bounded (:data:`_WALK_ENTRIES`, :data:`_WALK_DEPTH`) and says whether it saw everything; the
-    list is cut at :data:`MANIFEST_MAX_BYTES`, the count still covering every file found. Nothing
-    is written when there is nothing to list, and a failure writes nothing: the manifest only
-    helps the gateway say what did not come back.
+    list is cut at :data:`MANIFEST_MAX_BYTES`, the count still covering every file found. Files
+    that were there when the code started and are gone follow, when the walk saw everything: a
+    session's files kept by the gateway lose them. Nothing is written when there is nothing to
+    list, and a failure writes nothing: the manifest only helps the gateway say what did not
+    come back, and forget what is gone.
     """
     try:
         found, complete = _walk()
@@ -644,13 +647,15 @@ def write_manifest() -> None:
             for path, size, mtime in found
             if path != MANIFEST_NAME and _inputs.get(path) != mtime
         )
-        if not files:
+        there = {path for path, _, _ in found}
+        gone = sorted(set(_inputs) - there - {MANIFEST_NAME}) if complete else []
+        if not files and not gone:
             return
         header = MANIFEST_HEADER % (len(files), complete)
         records: list[bytes] = []
         room = MANIFEST_MAX_BYTES - len(header)
-        for path, size in files:
-            record = b"%d %s\0" % (size, os.fsencode(path))
+        listed = [b"%d %s\0" % (size, os.fsencode(path)) for path, size in files]
+        for record in listed + [b"- %s\0" % os.fsencode(path) for path in gone]:
             room -= len(record)
             if room < 0:
                 break

@@ -81,10 +81,10 @@ async def test_written_files_are_resources_while_the_session_lives(
         written = {f["path"]: f for f in result["files"]}
         odd_names = {"sub dir/é 100%#?.txt": "odd name", "C:x": "drive"}
         assert set(written) == {"notes.txt", "blob.dat", *odd_names}
-        for name, text in odd_names.items():
+        for name, expected in odd_names.items():
             odd = await client.read_resource(written[name]["uri"])
             (content,) = odd.contents
-            assert isinstance(content, TextResourceContents) and content.text == text
+            assert isinstance(content, TextResourceContents) and content.text == expected
         assert written["notes.txt"]["mime_type"] == "text/plain"
         assert written["notes.txt"]["size"] == len("héllo".encode())
         text = await client.read_resource(written["notes.txt"]["uri"])
@@ -359,3 +359,70 @@ async def test_a_session_holds_a_bounded_amount_of_files(
         # A live interpreter's directory still has it; a one-shot run gets only what is kept.
         gone = facts(await call_code(client, "import os\nos.path.exists('big.bin')", **session))
         assert gone["stdout"] == f"{live}\n"
+
+
+async def test_calls_queued_on_a_session_share_its_room(small_gateway: str, transport: str) -> None:
+    """Room is counted once the call's turn comes: two calls queued together cannot both
+    bring files that fit only one at a time."""
+    async with connect(small_gateway, transport) as client:
+        session = {"session_id": facts(await call_code(client, "x = 1"))["session_id"]}
+        files = [[{"path": f"{name}.txt", "content": name * 40_000}] for name in "ab"]
+        results: list[Any] = [None, None]
+
+        async def call(index: int, code: str) -> None:
+            results[index] = await call_code(client, code, files=files[index], **session)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, 0, "import time; time.sleep(2)")
+            await anyio.sleep(0.3)  # its turn taken (it starts at once: its session is idle)
+            group.start_soon(call, 1, "print('ran')")
+    first, second = results
+    assert not first.is_error and facts(first)["status"] == "ok"
+    assert second.is_error and "may hold 65,536" in text_of(second)
+
+
+async def test_a_session_keeps_only_the_files_that_are_there(
+    gateway_url: str, transport: str
+) -> None:
+    """A file sent with a call that never wrote it is not kept; nor a file the code replaced
+    with a folder: the session's later runs (a new interpreter's, or every one-shot run) are
+    then given its files without a file where a folder must be."""
+    async with connect(gateway_url, transport) as client:
+        first = facts(
+            await call_code(
+                client,
+                "import os\nos.makedirs('e/f')\nopen('e/f/g', 'w')\nopen('d', 'w').write('file')",
+            )
+        )
+        session = {"session_id": first["session_id"]}
+        unwritable = [{"path": "e", "content": "a file where a folder is"}]
+        refused = await call_code(client, "print('ran')", files=unwritable, **session)
+        assert facts(refused)["status"] == "not_run"
+        assert "Failed to create file 'e'" in text_of(refused)
+        with pytest.raises(MCPError, match="has no file"):
+            await client.read_resource(f"session://{session['session_id']}/e")
+        into_folder = "import os\nos.remove('d')\nos.mkdir('d')\nopen('d/x', 'w').write('inside')"
+        assert facts(await call_code(client, into_folder, **session))["status"] == "ok"
+        with pytest.raises(MCPError, match="has no file"):
+            await client.read_resource(f"session://{session['session_id']}/d")
+        await call_code(client, "import os; os._exit(0)", **session)  # a new interpreter next
+        after = facts(await call_code(client, "print(open('d/x').read())", **session))
+        assert (after["status"], after["stdout"]) == ("ok", "inside\n")
+
+
+async def test_a_file_the_code_removes_leaves_the_session(
+    small_gateway: str, transport: str
+) -> None:
+    """Its room is free again, it cannot be read, and no later run is given it back."""
+    async with connect(small_gateway, transport) as client:
+        first = facts(await call_code(client, "open('a.bin', 'wb').write(b'a' * 40_000)"))
+        session = {"session_id": first["session_id"]}
+        swap = "import os\nos.remove('a.bin')\nopen('b.bin', 'wb').write(b'b' * 40_000)"
+        second = facts(await call_code(client, swap, **session))
+        assert {f["path"]: f["uri"] is not None for f in second["files"]} == {"b.bin": True}
+        with pytest.raises(MCPError, match="has no file"):
+            await client.read_resource(f"session://{session['session_id']}/a.bin")
+        await call_code(client, "import os; os._exit(0)", **session)  # a new interpreter next
+        listing = "import os\nprint(sorted(f for f in os.listdir() if not f.startswith('.')))"
+        after = facts(await call_code(client, listing, **session))
+        assert after["stdout"] == "['b.bin']\n"

@@ -165,6 +165,10 @@ async def test_a_call_chooses_an_offered_python_and_a_session_keeps_it(url: str)
         unknown = await call_code(client, code, python="3.9")
         switch = await call_code(client, code, python="3.11", session_id=chosen["session_id"])
         kept = facts(await call_code(client, code, session_id=chosen["session_id"]))
+        # Its interpreter ended: the next one runs the same Python, which it still keeps.
+        await call_code(client, "import os; os._exit(0)", session_id=chosen["session_id"])
+        switch_after = await call_code(client, code, python="3.11", session_id=chosen["session_id"])
+        kept_after = facts(await call_code(client, code, session_id=chosen["session_id"]))
         allows = '# /// script\n# requires-python = ">=3.11"\n# ///\n' + code
         kept_by_block = facts(await call_code(client, allows, session_id=chosen["session_id"]))
         block = '# /// script\n# requires-python = ">=3.13"\n# ///\n'
@@ -177,6 +181,8 @@ async def test_a_call_chooses_an_offered_python_and_a_session_keeps_it(url: str)
     assert unknown.is_error and "Python '3.9' is not offered here; offered: " in text_of(unknown)
     assert "3.13.0" in text_of(unknown)
     assert switch.is_error and "This session runs Python 3.13.0" in text_of(switch)
+    assert switch_after.is_error and "This session runs Python 3.13.0" in text_of(switch_after)
+    assert kept_after["stdout"] == "3.13\n"
     assert kept["stdout"] == "3.13\n" and by_block["stdout"] == "3.13\n"
     assert kept_by_block["stdout"] == "3.13\n"  # the session's Python meets the block
     assert with_packages["stdout"] == "3.13\n" and with_packages["status"] == "ok"

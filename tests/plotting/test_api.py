@@ -208,6 +208,11 @@ def test_a_manifest_returned_without_all_of_its_content_is_not_read() -> None:
         (b"mcp-manifest 1 0 1\n", Manifest((), 0, True)),
         (b"mcp-manifest 1 5 0\n1 a\0" + b"22 b\nc\0", Manifest((("a", 1), ("b\nc", 22)), 5, False)),
         (b"mcp-manifest 1 1 1\n1 \xff\0", Manifest((("\ufffd", 1),), 1, True)),
+        (b"mcp-manifest 1 1 1\n1 a\0- b\0- c/d\0", Manifest((("a", 1),), 1, True, ("b", "c/d"))),
+        (b"mcp-manifest 1 0 1\n- b\0", Manifest((), 0, True, ("b",))),
+        (b"mcp-manifest 1 1 1\n- b\0" + b"1 a\0", None),  # the files come first
+        (b"mcp-manifest 1 0 1\n- \0", None),
+        (b"mcp-manifest 1 0 1\n-- b\0", None),
         (b"mcp-manifest 1 1 1\n1 a", None),  # the last record lacks its NUL
         (b"mcp-manifest 1 1 1\n1 a\0" + b"1 b\0", None),  # more records than files
         (b"mcp-manifest 1 1 1\nx a\0", None),

@@ -180,6 +180,20 @@ def test_a_changed_input_is_listed(run_code: RunCode) -> None:
     assert manifest(run) == Manifest((("data.csv", 8),), 1, True)
 
 
+def test_the_manifest_names_the_inputs_that_are_gone(run_code: RunCode) -> None:
+    """A session's files kept by the gateway forget them: a file the code removed, or turned
+    into a folder, is not given to its later runs."""
+    run = run_code(
+        "import os\nos.remove('old.txt')\nos.remove('d')\nos.mkdir('d')\n"
+        "open('d/x', 'w').write('x')",
+        files={"old.txt": b"o", "d": b"file", "kept.txt": b"k"},
+    )
+    assert run.returncode == 0, run.output
+    assert manifest(run) == Manifest((("d/x", 1),), 1, True, ("d", "old.txt"))
+    only_gone = run_code("import os\nos.remove('old.txt')", files={"old.txt": b"o"})
+    assert manifest(only_gone) == Manifest((), 0, True, ("old.txt",))
+
+
 def test_the_manifest_is_bounded_and_says_what_it_left_out(run_code: RunCode) -> None:
     run = run_code(
         code("""
