@@ -36,7 +36,7 @@ from .errors import SessionNotFound
 from .jail import INVALID_UTF8, Outcome, decode_output
 from .packages import Layer, PackageRefused
 from .pool import Sandbox, SandboxPool
-from .workdir import CollectError, WriteError
+from .workdir import WriteError
 
 __all__ = ["INTERRUPT_GRACE", "LiveSessions"]
 
@@ -172,7 +172,7 @@ class LiveSessions:
         try:
             before = await asyncio.to_thread(workdir.snapshot, timeout=config.file_parse_timeout)
             written = await asyncio.to_thread(workdir.write_files, request.files)
-        except (WriteError, CollectError) as exc:
+        except WriteError as exc:
             return EvalResult(str(exc), None, session_ended=False)
         try:
             await self._add_layers(session.sandbox, layers)
@@ -189,16 +189,14 @@ class LiveSessions:
         stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
         if stdout is None:
             return EvalResult(INVALID_UTF8, None, session_ended=not alive)
-        try:
-            files = await asyncio.to_thread(
-                workdir.collect,
-                {**before, **written},
-                max_files=config.max_files,
-                timeout=config.file_parse_timeout,
-                content_wanted=request.content_wanted,
-            )
-        except CollectError as exc:
-            return EvalResult(str(exc), None, session_ended=not alive)
+        files = await asyncio.to_thread(
+            workdir.collect,
+            {**before, **written},
+            max_files=config.max_files,
+            timeout=config.file_parse_timeout,
+            content_wanted=request.content_wanted,
+            strict=False,
+        )
         return EvalResult(stdout, outcome.returncode, files, ended_by, not alive)
 
     async def _start(self, session_id: str, executable: str) -> _Session:

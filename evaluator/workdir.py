@@ -237,6 +237,7 @@ class Workdir:
         max_files: int,
         timeout: float,
         content_wanted: ContentWanted | None = None,
+        strict: bool = True,
     ) -> tuple[File, ...]:
         """The files the run created or modified, by Snekbox's rules (pattern ``**/[!_]*``).
 
@@ -248,21 +249,26 @@ class Workdir:
         ``content_wanted`` (see :class:`snekbox_client.ContentWanted`): only the contents it
         asks for are read; the other files come back with their size and no content.
 
+        ``strict`` ``False`` (a session's cell): what breaks a rule is left out instead, and
+        the files found by ``timeout`` are returned; else one bad name would lose every later
+        cell's output, until the code that cannot run undoes it.
+
         Raises:
-            CollectError: parsing took longer than ``timeout``, went too deep, or met a file
-                name that is not UTF-8.
+            CollectError: ``strict``, and parsing took longer than ``timeout``, went too deep,
+                or met a file name that is not UTF-8.
         """
         deadline = time.monotonic() + timeout
         root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
         try:
-            found: list[tuple[str, os.stat_result]] = []
-            _scan(root_fd, "", 0, found, deadline)
+            found = _scan_all(root_fd, deadline, strict)
             found.sort(key=lambda item: item[0])
             files: list[File] = []
             total = 0
             room = content_wanted.max_bytes if content_wanted else 0  # content_wanted
             for rel, info in found:
                 if time.monotonic() > deadline:
+                    if not strict:
+                        break
                     raise CollectError(
                         "TimeoutError: Exceeded time limit while parsing attachments"
                     )
@@ -295,15 +301,11 @@ class Workdir:
 
     def snapshot(self, *, timeout: float) -> dict[str, int]:
         """The mtimes (ns) of the files :meth:`collect` would return now: a session's cell
-        returns only what it changes.
-
-        Raises:
-            CollectError: as :meth:`collect`.
-        """
+        returns only what it changes. As :meth:`collect` with ``strict`` ``False``: what the
+        cell before left never keeps the next from running."""
         root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
         try:
-            found: list[tuple[str, os.stat_result]] = []
-            _scan(root_fd, "", 0, found, time.monotonic() + timeout)
+            found = _scan_all(root_fd, time.monotonic() + timeout, strict=False)
             return {rel: info.st_mtime_ns for rel, info in found}
         finally:
             os.close(root_fd)
@@ -353,15 +355,38 @@ def sweep(parent: Path) -> None:
             )
 
 
+class _Lenient(Exception):
+    """Out of time in a lenient scan: the rest is left out."""
+
+
+def _scan_all(root_fd: int, deadline: float, strict: bool) -> list[tuple[str, os.stat_result]]:
+    """The regular files below ``root_fd`` that Snekbox would return, with their stats."""
+    found: list[tuple[str, os.stat_result]] = []
+    try:
+        _scan(root_fd, "", 0, found, deadline, strict)
+    except _Lenient:  # out of time: what was found by then
+        pass
+    return found
+
+
 def _scan(
-    dir_fd: int, prefix: str, depth: int, found: list[tuple[str, os.stat_result]], deadline: float
+    dir_fd: int,
+    prefix: str,
+    depth: int,
+    found: list[tuple[str, os.stat_result]],
+    deadline: float,
+    strict: bool,
 ) -> None:
     if depth > MAX_DEPTH:
+        if not strict:
+            return
         raise CollectError(
             "FileParsingError: Exceeded directory depth limit while parsing attachments"
         )
     for name in os.listdir(dir_fd):
         if time.monotonic() > deadline:
+            if not strict:
+                raise _Lenient
             raise CollectError("TimeoutError: Exceeded time limit while parsing attachments")
         if name.startswith("."):
             continue
@@ -373,13 +398,15 @@ def _scan(
             except OSError:
                 continue
             try:
-                _scan(sub_fd, rel + "/", depth + 1, found, deadline)
+                _scan(sub_fd, rel + "/", depth + 1, found, deadline, strict)
             finally:
                 os.close(sub_fd)
         elif stat.S_ISREG(info.st_mode) and not name.startswith("_"):
             try:
                 rel.encode("utf-8")
             except UnicodeEncodeError as exc:
+                if not strict:
+                    continue
                 raise CollectError(
                     "FileParsingError: invalid bytes in filename while parsing attachments"
                 ) from exc

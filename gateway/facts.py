@@ -21,7 +21,10 @@ __all__ = ["LOST", "NOT_RETURNED", "Facts", "Figure"]
 
 #: Why a figure is not in the result: the run ended while it was saved; the evaluator kept it.
 LOST = "lost: the run ended while it was being saved"
-NOT_RETURNED = "not returned by the evaluator, which returns a limited number and size of files"
+NOT_RETURNED = (
+    "not returned by the evaluator, which returns a limited number and size of files (and none "
+    "over 100 folders deep, named with bytes that are not UTF-8, or changed as it read them)"
+)
 
 
 @dataclass(frozen=True)

@@ -236,9 +236,8 @@ def compose(
     if facts.not_returned_count:
         at_least = "" if facts.not_returned_exact else "at least "
         lines.append(
-            f"[{at_least}{facts.not_returned_count:,} more files written but not returned by "
-            "the evaluator, which returns a limited number and size of files (so says the "
-            "sandbox's own list): "
+            f"[{at_least}{facts.not_returned_count:,} more files written but {NOT_RETURNED} "
+            "(so says the sandbox's own list): "
             f"{listing(named, chars, total=facts.not_returned_count)}]"
         )
 

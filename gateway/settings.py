@@ -102,7 +102,8 @@ class Settings(ExplicitSettings):
     eval_timeout: PositiveFloat | None = None
     #: A floor, so that progress notifications cannot flood a client (0 sent 98,180 a second).
     progress_interval: float = Field(default=2.0, ge=0.1)
-    max_request_bytes: PositiveInt = 4 * 1024 * 1024
+    #: Room for max_upload_bytes of binary files in base64 (4/3 as many bytes), and the code.
+    max_request_bytes: PositiveInt = 6 * 1024 * 1024
     max_code_chars: PositiveInt = 1_000_000
     max_output_chars: PositiveInt = 20_000
     max_image_bytes: NonNegativeInt = 512 * 1024

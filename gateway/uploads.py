@@ -23,6 +23,9 @@ __all__ = ["InputFile", "UploadRefused", "decode_files"]
 #: Characters of a path at most, and of each of its parts (Linux: 4096 and 255 bytes).
 MAX_PATH_CHARS = 1024
 MAX_PART_BYTES = 255
+#: Folder levels a file may be in: Snekbox's (and the built-in evaluator's) depth limit when it
+#: collects files, past which a run's files are all lost.
+MAX_FOLDERS = 100
 _RESERVED = {plotting.PRELUDE_NAME, plotting.BUNDLE_NAME, plotting.MANIFEST_NAME}
 
 
@@ -111,6 +114,11 @@ def _checked_path(path: str) -> str:
             )
         if len(part.encode("utf-8", "surrogatepass")) > MAX_PART_BYTES:
             raise UploadRefused(f"A part of {_q(path)} is longer than {MAX_PART_BYTES} bytes.")
+    if path.count("/") > MAX_FOLDERS:
+        raise UploadRefused(
+            f"The path {_q(path[:80])}... is {path.count('/')} folders deep; at most "
+            f"{MAX_FOLDERS} are collected after a run."
+        )
     if path in _RESERVED:
         raise UploadRefused(f"The path {_q(path)} is reserved by the gateway; use another name.")
     return path

@@ -186,6 +186,25 @@ async def test_an_idle_session_ends_on_time_without_a_request() -> None:
                 await asyncio.sleep(0.1)
 
 
+async def test_files_that_break_the_rules_never_stop_the_cells_after(
+    evaluator: Evaluator,
+) -> None:
+    """Too deep, or named with bytes that are not UTF-8: left out of a cell's files (where a
+    one-shot run loses them all, as Snekbox's does), and the next cells run and return theirs.
+    """
+    breaks = (
+        "import os\nos.makedirs('d/' * 120)\nopen('d/' * 120 + 'f', 'w').close()\n"
+        "open(b'bad\\xff', 'w').close()\nopen('ok.txt', 'w').write('ok')\nprint('made')"
+    )
+    made = await cell(evaluator, "rules", breaks)
+    assert (made.stdout, made.returncode, [f.path for f in made.files]) == ("made\n", 0, ["ok.txt"])
+    later = await cell(evaluator, "rules", "open('later.txt', 'w').close()\nprint('ran')")
+    assert (later.stdout, later.returncode) == ("ran\n", 0)
+    assert [f.path for f in later.files] == ["later.txt"]
+    one_shot = await evaluator.run(EvalRequest(args=("-c", breaks)))
+    assert one_shot.returncode is None and "FileParsingError" in one_shot.stdout
+
+
 async def test_a_resumed_session_that_is_not_held_is_not_started_afresh(
     evaluator: Evaluator,
 ) -> None:

@@ -150,6 +150,7 @@ async def test_small_text_files_written_come_inline_as_resources(
         ([{"path": "a\x00b", "content": "x"}], '"a\\u0000b"'),
         ([{"path": "_mcp_prelude.py", "content": "x"}], '"_mcp_prelude.py"'),
         ([{"path": "", "content": "x"}], "empty path"),
+        ([{"path": "a/" * 101 + "x", "content": "x"}], "101 folders deep; at most 100"),
         ([{"path": "x.bin", "content": "not base64!", "encoding": "base64"}], '"x.bin"'),
         ([{"path": "x", "content": "1"}, {"path": "x", "content": "2"}], '"x" is sent twice'),
         ([{"path": "a", "content": "1"}, {"path": "a/b", "content": "2"}], '"a" is sent as'),
@@ -426,3 +427,19 @@ async def test_a_file_the_code_removes_leaves_the_session(
         listing = "import os\nprint(sorted(f for f in os.listdir() if not f.startswith('.')))"
         after = facts(await call_code(client, listing, **session))
         assert after["stdout"] == "['b.bin']\n"
+
+
+async def test_the_largest_binary_upload_fits_in_a_request(
+    gateway_url: str, transport: str
+) -> None:
+    """MCP_MAX_UPLOAD_BYTES of binary content is 4/3 as many bytes of base64: the request
+    body's bound leaves room for it, so the advertised size is what a client can send."""
+    content = bytes(range(256)) * (3 * 1024 * 1024 // 256)
+    files = [
+        {"path": "big.bin", "content": base64.b64encode(content).decode(), "encoding": "base64"}
+    ]
+    async with connect(gateway_url, transport) as client:
+        result = facts(
+            await call_code(client, "print(len(open('big.bin', 'rb').read()))", files=files)
+        )
+    assert result["stdout"] == f"{len(content)}\n"

@@ -230,6 +230,28 @@ async def test_files_sent_into_a_session_never_follow_or_wait_on_what_its_code_l
         assert facts(await call_code(client, "print(x)", **session))["stdout"] == "1\n"
 
 
+async def test_files_the_evaluator_cannot_return_never_stop_the_sessions_next_calls(
+    live_gateway: tuple[str, Any], transport: str
+) -> None:
+    """Too deep or not UTF-8 named: the call that made them is told what was not returned
+    (what the prelude's own bounded walk saw); the calls after run and keep their output."""
+    url, _ = live_gateway
+    make = (
+        "import os\nos.makedirs('d/' * 120)\nopen('d/' * 120 + 'f', 'w').close()\n"
+        "open(b'bad\\xff', 'w').close()\nx = 1"
+    )
+    async with connect(url, transport) as client:
+        made = await call_code(client, make)
+        session = {"session_id": facts(made)["session_id"]}
+        assert (facts(made)["status"], facts(made)["files_not_returned_count"]) == ("ok", 1)
+        assert "named with bytes that are not UTF-8" in text_of(made)
+        later = facts(await call_code(client, "print(x)", **session))
+        assert (later["status"], later["stdout"]) == ("ok", "1\n")
+        clear = "import os, shutil\nshutil.rmtree('d')\nos.remove(b'bad\\xff')\nprint('gone')"
+        cleared = facts(await call_code(client, clear, **session))
+        assert (cleared["status"], cleared["stdout"]) == ("ok", "gone\n")
+
+
 async def test_a_cancelled_call_leaves_a_new_interpreter_with_the_files_and_says_so(
     live_gateway: tuple[str, Any], transport: str
 ) -> None:

@@ -22,6 +22,7 @@ from mcp.types import CallToolResult, ImageContent
 from PIL import Image
 
 from plotting import MANIFEST_NAME, PNG_SIGNATURE
+from gateway.facts import NOT_RETURNED
 from python_mcp_server import Settings, render_result
 from snekbox_client import EvalResult, File
 from tests.support import connect, text_of
@@ -442,8 +443,7 @@ def test_files_written_but_not_returned_are_named_and_counted() -> None:
     assert facts["files_not_returned_count"] == 39
     assert gateway_lines(text_of(result))[1:] == [
         '[files written: "a.csv" (1 bytes)]',
-        "[39 more files written but not returned by the evaluator, which returns a limited "
-        "number and size of files (so says the sandbox's own list): "
+        f"[39 more files written but {NOT_RETURNED} (so says the sandbox's own list): "
         '"big.bin" (1,000,000,000,000 bytes), "later.txt" (5 bytes), 37 more not listed]',
     ]
 
@@ -460,7 +460,7 @@ def test_figures_the_evaluator_did_not_return_are_named_as_figures() -> None:
         (
             "figure_002.png",
             False,
-            "not returned by the evaluator, which returns a limited number and size of files",
+            NOT_RETURNED,
         ),
     ]
     assert (facts["files_not_returned"], facts["files_not_returned_count"]) == (
@@ -468,8 +468,8 @@ def test_figures_the_evaluator_did_not_return_are_named_as_figures() -> None:
         1,
     )
     assert (
-        "[1 of 2 figures not returned by the evaluator, which returns a limited number and size "
-        "of files (so says the sandbox's own list): figure_002.png (404 bytes)]" in text_of(result)
+        f"[1 of 2 figures {NOT_RETURNED} (so says the sandbox's own list): figure_002.png "
+        "(404 bytes)]" in text_of(result)
     )
 
 
