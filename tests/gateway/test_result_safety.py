@@ -21,8 +21,8 @@ import pytest
 from mcp.types import CallToolResult, ImageContent
 from PIL import Image
 
-from plotting import MANIFEST_NAME, PNG_SIGNATURE
 from gateway.facts import NOT_RETURNED
+from plotting import MANIFEST_NAME, PNG_SIGNATURE
 from python_mcp_server import Settings, render_result
 from snekbox_client import EvalResult, File
 from tests.support import connect, text_of
