@@ -318,7 +318,7 @@ class PackageCache:
             try:
                 out = await self._uv(args, "\n".join(wanted), wanted)
             except PackageRefused as exc:
-                if constraints and exc.why == "not found":
+                if constraints and exc.why in ("not found", "conflict"):
                     raise PackageRefused(
                         exc.requirement,
                         "conflict",
@@ -499,13 +499,19 @@ def _refusal(message: str, wanted: Sequence[str]) -> PackageRefused:
     text = " ".join(message.split())[:_MESSAGE_CHARS].rstrip(".")
     lowered = text.lower()
     # The requirement uv names: as written (``tinypkg==9.9``), else by its project's name,
-    # whole words only (``six`` is not named by ``sixel``).
-    named = max((r for r in wanted if _names(lowered, r.lower())), key=len, default=None) or next(
+    # whole words only (``six`` is not named by ``sixel``); of two alike, the later: a call's
+    # own come after its session's.
+    written = [r for r in reversed(wanted) if _names(lowered, r.lower())]
+    named = max(written, key=len, default=None) or next(
         (r for r in wanted if _names(lowered, canonicalize_name(Requirement(r).name))), None
     )
     if any(s in lowered for s in ("no wheels", "wheels are required", "from source is disabled")):
         why: Why = "no wheel"
-    elif "not found" in lowered or "no solution" in lowered or "no versions" in lowered:
+    elif any(s in lowered for s in ("not found", "no version", "is available", "are available")):
+        why = "not found"
+    elif "no solution" in lowered and len(written) > 1:  # two of them at odds
+        why = "conflict"
+    elif "no solution" in lowered:  # no version of it is what it asks for
         why = "not found"
     else:
         why = "failed"

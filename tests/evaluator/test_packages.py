@@ -87,6 +87,15 @@ async def test_a_refusal_names_the_requirement_and_why(
         assert refused.value.requirement == requirement
 
 
+async def test_requirements_at_odds_are_a_conflict_named_by_the_later(
+    tmp_path: Path, index: Path
+) -> None:
+    """The later of two alike: a call's own requirements come after its session's."""
+    with pytest.raises(PackageRefused) as refused:
+        await cache(tmp_path, index).layer(["tinypkg==1.0", "tinypkg==1.1"], sys.executable)
+    assert (refused.value.why, refused.value.requirement) == ("conflict", "tinypkg==1.1")
+
+
 async def test_the_policy_decides_what_may_be_asked_for(tmp_path: Path, index: Path) -> None:
     allow = cache(tmp_path, index, policy="tinypkg, other")
     assert (await allow.layer(["tinypkg"], sys.executable)).pins == ("tinypkg==1.1",)
