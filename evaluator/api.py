@@ -95,7 +95,7 @@ MAX_JSON_STRUCTURE = 500_000
 # Directories the evaluator keeps for itself in the working directory: TMPDIR, and MPLCONFIGDIR
 # (where the prebuilt font list is bound). A request file at or below one of them, or at one of
 # their parents, would put a file where bwrap or the code needs a directory of the evaluator's.
-_RESERVED = (TMP_DIR, posixpath.relpath(MPLCONFIGDIR, "/home"))
+_RESERVED = (TMP_DIR, MPLCONFIGDIR)
 
 
 class _HTTPError(Exception):

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 
 from .config import EvaluatorConfig, MiB
@@ -21,6 +22,8 @@ from .errors import SandboxUnavailable
 from .jail import SandboxView
 
 __all__ = [
+    "HOME",
+    "HOME_ELSEWHERE",
     "MPLCONFIGDIR",
     "WHAT_TO_DO",
     "check_prerequisites",
@@ -29,8 +32,14 @@ __all__ = [
     "sandbox_view",
 ]
 
-#: matplotlib's configuration directory inside the sandbox.
-MPLCONFIGDIR = "/home/.config/matplotlib"
+#: The working directory inside the sandbox, as Snekbox's.
+HOME = "/home"
+#: ... unless the interpreter lies under /home on the host (an ordinary user's checkout, or a
+#: Python uv or pyenv installed in a home directory): it is bound there, read-only, and the
+#: working directory is this instead.
+HOME_ELSEWHERE = "/sandbox"
+#: matplotlib's configuration directory, below the working directory.
+MPLCONFIGDIR = ".config/matplotlib"
 
 #: Appended to every message saying that the sandbox cannot work here.
 WHAT_TO_DO = (
@@ -66,8 +75,11 @@ def check_prerequisites(bwrap: str) -> None:
                 raise SandboxUnavailable(f"{problem} ({path} is {bad}). " + WHAT_TO_DO)
 
 
-def sandbox_view(config: EvaluatorConfig) -> SandboxView:
+def sandbox_view(config: EvaluatorConfig, also_bound: Sequence[str] = ()) -> SandboxView:
     """The fixed part of every bwrap command line for ``config`` on this machine.
+
+    ``also_bound``: host paths bound into some sandboxes at the same place (other Pythons): the
+    working directory must hide none of them.
 
     Raises:
         SandboxUnavailable: bwrap is missing, or the interpreter does not run.
@@ -85,25 +97,39 @@ def sandbox_view(config: EvaluatorConfig) -> SandboxView:
     symlinks = tuple(
         (os.readlink(link), link) for link in ("/lib", "/lib64") if os.path.islink(link)
     )
+    home = HOME
+    if any(_within(path, HOME) for path in (*ordered, *also_bound)):
+        home = HOME_ELSEWHERE
+        if any(_within(path, home) for path in (*ordered, *also_bound)):
+            raise SandboxUnavailable(
+                f"the interpreter's files lie under both {HOME} and {HOME_ELSEWHERE}, one of "
+                "which must be free for the working directory: use another Python environment"
+            )
     return SandboxView(
         bwrap=os.path.abspath(bwrap),
         readonly_paths=ordered,
         symlinks=symlinks,
-        env=tuple(environment(config).items()),
+        env=tuple(environment(config, home).items()),
+        home=home,
         shm_size=config.shm_size * MiB,
         # Tells evaluator instances apart (replicas behind one gateway), and nothing of the host.
         hostname=f"sandbox-{secrets.token_hex(3)}",
     )
 
 
-def environment(config: EvaluatorConfig) -> dict[str, str]:
-    """The whole environment of the code, with the sandbox's paths."""
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory + "/")
+
+
+def environment(config: EvaluatorConfig, home: str = HOME) -> dict[str, str]:
+    """The whole environment of the code, with the sandbox's paths (``home``: its working
+    directory)."""
     threads = str(config.threads)
     bin_dirs = dict.fromkeys(
         (os.path.dirname(config.executable), os.path.dirname(os.path.realpath(config.executable)))
     )
     return {
-        "HOME": "/home",
+        "HOME": home,
         "PATH": ":".join(bin_dirs),
         "LANG": "C.UTF-8",
         "PYTHONUNBUFFERED": "1",
@@ -115,8 +141,8 @@ def environment(config: EvaluatorConfig) -> dict[str, str]:
         "NUMEXPR_NUM_THREADS": threads,
         "VECLIB_MAXIMUM_THREADS": threads,
         "MPLBACKEND": "Agg",
-        "MPLCONFIGDIR": MPLCONFIGDIR,
-        "TMPDIR": "/home/.tmp",
+        "MPLCONFIGDIR": f"{home}/{MPLCONFIGDIR}",
+        "TMPDIR": f"{home}/.tmp",
     }
 
 

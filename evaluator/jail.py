@@ -74,6 +74,7 @@ class SandboxView:
         env: The whole environment of the code.
         shm_size: Bytes of ``/dev/shm``.
         hostname: The host name inside: never the host's.
+        home: The working directory inside (``/home``, unless the interpreter lies there).
     """
 
     bwrap: str
@@ -82,6 +83,7 @@ class SandboxView:
     env: tuple[tuple[str, str], ...]
     shm_size: int
     hostname: str = "sandbox"
+    home: str = "/home"
 
     def argv(
         self,
@@ -93,7 +95,7 @@ class SandboxView:
         empty_file: str | None = None,
         env: Sequence[tuple[str, str]] = (),
     ) -> list[str]:
-        """The complete command line running ``command`` in ``workdir`` (``/home`` inside).
+        """The complete command line running ``command`` in ``workdir`` (:attr:`home` inside).
 
         ``readonly_files`` are ``(host path, sandbox path)`` pairs bound read-only;
         ``empty_file``, an empty host file, covers the ``/proc`` files that tell of the host;
@@ -131,14 +133,14 @@ class SandboxView:
                 argv += ["--ro-bind", empty_file, path]
         argv += [
             "--size", str(self.shm_size), "--tmpfs", "/dev/shm",
-            "--bind", str(workdir), "/home",
+            "--bind", str(workdir), self.home,
         ]  # fmt: skip
         for host_path, sandbox_path in readonly_files:
             argv += ["--ro-bind", host_path, sandbox_path]
         if seccomp:
             argv += ["--seccomp", str(_SECCOMP_FD)]
         # Last, after every mount point is created: the root and /dev become read-only.
-        argv += ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/home", "--", *command]
+        argv += ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", self.home, "--", *command]
         return argv
 
 

@@ -70,6 +70,7 @@ def describe(
     nproc: int | None,
     users: RunUsers,
     seccomp_reason: str | None,
+    home: str = "/home",
 ) -> tuple[Limit, ...]:
     """Which limits are really enforced, and how.
 
@@ -78,6 +79,7 @@ def describe(
         nproc: The RLIMIT_NPROC of every run, if any.
         users: The host users of the runs.
         seccomp_reason: Why there is no seccomp filter; ``None`` when there is one.
+        home: The working directory inside the sandbox.
     """
     sandboxed = not config.unsandboxed
     size, inodes = config.workdir_size, config.workdir_inodes
@@ -137,7 +139,7 @@ def describe(
             "file system",
             sandboxed,
             "read-only binds of the interpreter and system libraries; "
-            "writable: /home, /dev/shm"
+            f"writable: {home}, /dev/shm"
             if sandboxed
             else "the host's",
         ),

@@ -29,6 +29,7 @@ from typing import Any
 from . import seccomp
 from ._agent import WARM
 from .cgroups import Cgroups, RunCgroup
+from .host import MPLCONFIGDIR
 from .jail import MOUNTED, JailedProcess, LaunchSpec
 from .procfs import reap_orphans
 from .users import RunUsers
@@ -379,7 +380,7 @@ class SandboxPool:
             **self._host_env,
             "HOME": home,
             "TMPDIR": f"{home}/.tmp",
-            "MPLCONFIGDIR": f"{home}/.config/matplotlib",
+            "MPLCONFIGDIR": f"{home}/{MPLCONFIGDIR}",
         }
 
 

@@ -33,6 +33,7 @@ from .cgroups import Cgroups, RunCgroup
 from .config import EvaluatorConfig, MiB
 from .errors import InvalidExecutable, QueueFull, SandboxUnavailable, SessionNotFound
 from .host import (
+    HOME,
     MPLCONFIGDIR,
     WHAT_TO_DO,
     check_prerequisites,
@@ -159,11 +160,19 @@ class Evaluator:
         self._pythons = await asyncio.to_thread(interpreters, config.executable, config.pythons, uv)
         if not config.unsandboxed:
             check_prerequisites(config.bwrap)
-            self._view = sandbox_view(config)
             # Bound only into the sandboxes that run them: each sees its own interpreter.
             self._python_binds = {
                 p.path: interpreter_paths(p.path) for p in self._pythons if not p.default
             }
+            others = [path for paths in self._python_binds.values() for path in paths]
+            self._view = sandbox_view(config, others)
+            if self._view.home != HOME:
+                log.info(
+                    "the working directory inside the sandbox is %s: the interpreter lies "
+                    "under %s, where it is bound read-only",
+                    self._view.home,
+                    HOME,
+                )
         self._users = RunUsers.for_service(config.sandbox_uid, config.sandbox_uids)
         self._packages = self._package_cache(uv)
         if self._packages is not None:
@@ -613,6 +622,7 @@ class Evaluator:
             nproc=self._nproc,
             users=self._users,
             seccomp_reason=None if self._seccomp is not None else self._seccomp_reason,
+            home=self._view.home if self._view is not None else HOME,
         )
 
     # -- runs ------------------------------------------------------------------------------
@@ -790,7 +800,7 @@ class Evaluator:
                 self._argv([self.config.executable, "-c", _FONTLIST], sandbox.workdir), 60
             )
             outcome = await sandbox.process.wait(self.config.output_limit)
-            cache = sandbox.workdir.access / MPLCONFIGDIR.removeprefix("/home/")
+            cache = sandbox.workdir.access / MPLCONFIGDIR
             built = sorted(cache.glob("fontlist-v*.json")) if outcome.returncode == 0 else []
             if not built or self._root is None:
                 log.info("no prebuilt matplotlib font list (is matplotlib installed?)")
@@ -798,7 +808,8 @@ class Evaluator:
             kept = self._root.path / built[-1].name
             shutil.copyfile(built[-1], kept)
             kept.chmod(0o444)
-            self._fontlist = (str(kept), f"{MPLCONFIGDIR}/{built[-1].name}")
+            home = self._view.home if self._view is not None else HOME
+            self._fontlist = (str(kept), f"{home}/{MPLCONFIGDIR}/{built[-1].name}")
         finally:
             await pool.dispose(sandbox)
             # After the font list: a warm agent importing pyplot would otherwise build its own.

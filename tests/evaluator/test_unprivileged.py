@@ -53,7 +53,9 @@ def venv() -> Iterator[Path]:
     uv = shutil.which("uv")
     if uv is None or not os.path.exists(SYSTEM_PYTHON):
         pytest.fail(f"this test needs uv and {SYSTEM_PYTHON} (Debian's python3.11)")
-    root = Path(tempfile.mkdtemp(prefix="evaluator-unprivileged-", dir="/tmp"))
+    # Under /home, as a laptop user's checkout is: the sandbox binds it there, read-only, and
+    # its working directory is elsewhere (the root suite's runs keep /home).
+    root = Path(tempfile.mkdtemp(prefix="evaluator-unprivileged-", dir="/home"))
     try:
         env = Path(root, "venv")
         subprocess.run([uv, "venv", "-q", "--python", SYSTEM_PYTHON, env], check=True)
@@ -110,6 +112,29 @@ def run(url: str, code: str) -> dict[str, object]:
     answer = httpx.post(f"{url}/eval", json={"input": code}, timeout=30)
     assert answer.status_code == 200, answer.text
     return answer.json()  # type: ignore[no-any-return]
+
+
+def test_an_environment_under_home_is_bound_there_and_the_code_works_elsewhere(
+    service: tuple[str, subprocess.Popen[str]], venv: Path
+) -> None:
+    """A checkout in a home directory: its venv (and a Python installed there) stays visible,
+    read-only, where the working directory would hide it; the code works in /sandbox."""
+    url, _ = service
+    code = (
+        "import os, sys\nprint(os.getcwd(), os.environ['HOME'], os.environ['TMPDIR'])\n"
+        "print(sys.prefix)\nprint([f for f in os.listdir() if not f.startswith('.')])\n"
+        "open('out.txt', 'w').write('x')\n"
+        "try:\n    open(sys.prefix + '/x', 'w')\nexcept OSError as e:\n    print(e.errno)"
+    )
+    result = run(url, code)
+    assert result["returncode"] == 0, result
+    assert str(result["stdout"]).splitlines() == [
+        "/sandbox /sandbox /sandbox/.tmp",
+        str(venv),
+        "[]",
+        "30",  # EROFS
+    ]
+    assert [f["path"] for f in result["files"]] == ["out.txt"]  # type: ignore[attr-defined]
 
 
 def test_runs_as_nobody_in_its_own_namespaces(service: tuple[str, object]) -> None:

@@ -369,7 +369,7 @@ async def sse_garbage_keeps_session(gateway: Gateway) -> None:
         for body in (b"{not json", b"42", b"[]", b'{"jsonrpc": "2.0"}'):
             answer = await http.post(url, headers=headers, content=body)
             assert (answer.status_code, answer.text) == (400, "Could not parse message")
-        big = await http.post(url, headers=headers, content=b" " * (5 * MiB))
+        big = await http.post(url, headers=headers, content=b" " * (7 * MiB))
         assert (big.status_code, big.text) == (413, "Request body too large")
         answer = await http.post(
             url, headers=headers, json={"jsonrpc": "2.0", "id": 9, "method": "ping"}
