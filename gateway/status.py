@@ -98,6 +98,13 @@ def describe_exit(
     if returncode > 128:
         name = _signal_name(returncode - 128)
         return "signal", f"crashed: killed by signal {name} (exit code {returncode})"
+    if returncode == 1 and _last_line(stdout).startswith("MemoryError"):
+        size = "" if memory_limit_mib is None else f" ({memory_limit_mib:,} MiB)"
+        return "exception", (
+            f"exit code 1: an uncaught MemoryError (traceback above): the memory limit{size} "
+            "was likely reached; use less memory, e.g. process the data in chunks or use "
+            "smaller types"
+        )
     if returncode == 1 and _looks_like_exception(stdout):
         return "exception", "exit code 1: an uncaught exception (traceback above)"
     return "error", f"exit code {returncode}"
@@ -134,8 +141,12 @@ def _describe_message(message: str) -> tuple[Status, str]:
     )
 
 
+def _last_line(stdout: str) -> str:
+    return stdout.rstrip().rsplit("\n", 1)[-1]
+
+
 def _looks_like_exception(stdout: str) -> bool:
-    tail = stdout.rstrip().rsplit("\n", 1)[-1]
+    tail = _last_line(stdout)
     return "Traceback (most recent call last):" in stdout or bool(_EXCEPTION_LINE.match(tail))
 
 

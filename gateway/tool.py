@@ -565,7 +565,8 @@ class Gateway:
             packages=packages,
             script=script_metadata(code),
             offers=offers,
-            installs=self.service_info.packages in ("any", "allow-list"),
+            # Turned off, the evaluator refuses them itself: a result, as any other refusal.
+            installs=self.service_info.packages in ("any", "allow-list", "off"),
             why_no_installs=self._why_no_installs(),
             prefer=current if session.calls else None,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -62,7 +63,7 @@ async def test_the_built_in_evaluators_packages_are_named_with_their_versions(
 
 
 @pytest.mark.anyio
-@pytest.mark.skipif(not BARE.exists(), reason=f"no bare CPython 3.13 at {BARE} (pyenv's)")
+@pytest.mark.skipif(not os.path.exists(BARE), reason=f"no bare CPython 3.13 at {BARE} (pyenv's)")
 async def test_a_backend_without_the_data_packages_is_described_as_it_is(
     settings: Settings,
 ) -> None:

@@ -9,6 +9,7 @@ installs nothing and runs the interpreters the operator's table names.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from tests.wheels import wheels
 pytestmark = pytest.mark.anyio
 
 PY313 = Path("/root/.pyenv/versions/3.13.0/bin/python3.13")
-HAS_313 = PY313.exists()
+HAS_313 = os.path.exists(PY313)  # False, not PermissionError, where /root is closed
 needs_313 = pytest.mark.skipif(not HAS_313, reason=f"no CPython 3.13 at {PY313}")
 
 BLOCK = '# /// script\n# dependencies = ["tinypkg==1.0"]\n# requires-python = ">=3.11"\n# ///\n'
@@ -216,6 +217,22 @@ async def test_snekbox_refuses_packages_and_a_choice_of_python_clearly(settings:
             text_of(refused)
         )
     assert python.is_error and "this evaluation service runs one Python" in text_of(python)
+
+
+async def test_packages_turned_off_are_a_refusal_not_a_tool_error(settings: Settings) -> None:
+    """``EVALUATOR_PACKAGES=off``: asked for anyway, a result with status packages_refused
+    (as any refused package), the code not run."""
+    off = with_evaluator(settings, packages="off")
+    with serve(create_app(off)) as gateway_url:
+        async with connect(gateway_url, "http") as client:
+            refused = await call_code(client, "print('RAN')", packages=["tabulate"])
+            block = await call_code(client, BLOCK + "print('RAN')")
+    for result in (refused, block):
+        found = facts(result)
+        assert found["status"] == "packages_refused" and "RAN" not in text_of(result)
+        assert "(not allowed): turned off by configuration (EVALUATOR_PACKAGES=off)" in (
+            text_of(result)
+        )
 
 
 @needs_313

@@ -16,6 +16,8 @@ from snekbox_client import EndedBy, EvalResult
         (2, "", "error", "exit code 2"),
         (1, "Traceback (most recent call last):\n  ...\nValueError: x\n", "exception", "traceback"),
         (1, "", "error", "exit code 1"),
+        # Without a memory cgroup the limit is an address-space rlimit: MemoryError, not 137.
+        (1, "Traceback (most recent call last):\nMemoryError\n", "exception", "memory limit"),
         (137, "", "killed", "killed after 3.0 s"),
         (143, "", "output_limit", "output limit was reached"),
         (139, "", "signal", "SIGSEGV"),
