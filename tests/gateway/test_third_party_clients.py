@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -159,3 +160,20 @@ def test_claude_code_connects_over_both_transports(gateway_url: str, tmp_path: P
     listed = run("list")
     assert f"python: {gateway_url}/mcp (HTTP) - ✔ Connected" in listed, listed
     assert f"python-sse: {gateway_url}/sse (SSE) - ✔ Connected" in listed, listed
+
+
+def test_the_readmes_python_snippet(gateway_url: str, tmp_path: Path) -> None:
+    """The README's mcp SDK snippet, as written but for the gateway's address."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    (snippet,) = [
+        block.split("```", 1)[0]
+        for block in readme.split("```python\n")[1:]
+        if "from mcp import Client" in block.split("```", 1)[0]
+    ]
+    script = tmp_path / "client.py"
+    script.write_text(snippet.replace("http://127.0.0.1:18080", gateway_url))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("42\n[end of output]\n[exit code 0: ok]\n[session_id: ")
