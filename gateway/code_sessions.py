@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .admission import Turns
 from .handles import SessionHandles
+from .text import duration
 
 __all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "SessionsBusy", "file_uri"]
 
@@ -56,7 +57,7 @@ class SessionGone(Exception):
         reason = {
             "unknown": "does not exist (it never did here, or this gateway restarted since)",
             "ended": "was ended on purpose",
-            "expired": f"expired after {idle_timeout / 60:g} minutes without a call",
+            "expired": f"expired after {duration(idle_timeout)} without a call",
             "evicted": "was closed to make room for newer sessions (too many were open)",
         }[why]
         #: What became of it, as a sentence's start, for what is not a call (a file's read).

@@ -40,7 +40,7 @@ from .code_sessions import file_uri
 from .facts import NOT_RETURNED, Facts
 from .schema import ExecutionResult, FileInfo, ImageInfo, WrittenFile
 from .settings import Settings
-from .text import MAX_LISTED, cut_middle, end_of_output, fitting, listing, quote
+from .text import MAX_LISTED, cut_middle, end_of_output, fitting, listing, quote, size
 
 __all__ = ["SessionView", "compose", "render_result"]
 
@@ -155,7 +155,7 @@ def compose(
             data = b64encode(file.content).decode("ascii")
             blocks.append(ImageContent(type="image", data=data, mime_type="image/png"))
         path = quote(file.path)  # a figure's name is ASCII, but its digits are many or few
-        entry = f"{path} ({file.size:,} bytes)"
+        entry = f"{path} ({size(file.size)})"
         if figure.kind == "lost":
             lost.append(entry)
         elif figure.kind == "missing":
@@ -210,7 +210,7 @@ def compose(
         )
         for f in facts.files
     ]
-    listed = fitting([f'"{f.path}" ({f.size:,} bytes)' for f in files], chars)
+    listed = fitting([f'"{f.path}" ({size(f.size)})' for f in files], chars)
     if files:
         lines.append(f"[files written: {listing(listed, chars, total=len(files))}]")
     inline = _inline_files(facts, files, cut.inline_bytes)
@@ -232,7 +232,7 @@ def compose(
             f"{listing(fitting(dropped, chars), chars)}]"
         )
     absent = [FileInfo(path=quote(path), size=size) for path, size in facts.not_returned]
-    named = fitting([f'"{f.path}" ({f.size:,} bytes)' for f in absent], chars)
+    named = fitting([f'"{f.path}" ({size(f.size)})' for f in absent], chars)
     if facts.not_returned_count:
         at_least = "" if facts.not_returned_exact else "at least "
         lines.append(

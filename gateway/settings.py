@@ -160,10 +160,18 @@ class Settings(ExplicitSettings):
         ``flags`` maps setting names to the values given on the command line.
 
         Raises:
-            SettingsError: a value that is not allowed, the evaluator's (``EVALUATOR_*``)
+            SettingsError: every value that is not allowed, the evaluator's (``EVALUATOR_*``)
                 first, in one line.
         """
-        return load(cls, environ, flags, evaluator_config=EvaluatorConfig.from_env(environ))
+        try:
+            evaluator_config = EvaluatorConfig.from_env(environ)
+        except SettingsError as refused:
+            try:  # the gateway's own too, so that one start-up names every bad value
+                load(cls, environ, flags, evaluator_config=EvaluatorConfig())
+            except SettingsError as also:
+                raise SettingsError(f"{refused}; {also}") from None
+            raise
+        return load(cls, environ, flags, evaluator_config=evaluator_config)
 
     @field_validator("snekbox_url", mode="before")
     @classmethod

@@ -11,7 +11,17 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-__all__ = ["MAX_LISTED", "clean", "cut_middle", "end_of_output", "fitting", "listing", "quote"]
+__all__ = [
+    "MAX_LISTED",
+    "clean",
+    "cut_middle",
+    "duration",
+    "end_of_output",
+    "fitting",
+    "listing",
+    "quote",
+    "size",
+]
 
 #: Entries of one list (figures, files) named at most.
 MAX_LISTED = 100
@@ -46,6 +56,18 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _NOT_PLAIN = re.compile(r'[^ -~]|["\\]')
 _SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 _HIDDEN = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"})
+
+
+def size(count: int) -> str:
+    """``1 byte``, ``1,024 bytes``."""
+    return "1 byte" if count == 1 else f"{count:,} bytes"
+
+
+def duration(seconds: float) -> str:
+    """``90 seconds``, ``15 minutes``: as a person would say a timeout."""
+    if seconds < 120:
+        return "1 second" if seconds == 1 else f"{seconds:g} seconds"
+    return f"{seconds / 60:g} minutes"
 
 
 def clean(text: str) -> str:

@@ -57,6 +57,7 @@ from .render import SessionView, render_result
 from .schema import ExecutionResult
 from .settings import Settings
 from .status import inputs_written
+from .text import duration
 from .uploads import InputFile, UploadRefused, decode_files
 
 __all__ = ["END_TOOL_NAME", "TOOL_NAME", "Gateway"]
@@ -296,8 +297,7 @@ class Gateway:
         if self.live_backend and self.service_info.session_idle_timeout is not None:
             idle = min(idle, self.service_info.session_idle_timeout)  # the interpreter's end
         ending = (
-            f"A session ends after {idle / 60:g} minutes without a call, or when end_session "
-            "ends it."
+            f"A session ends after {duration(idle)} without a call, or when end_session ends it."
         )
         if self.live_backend:
             return (

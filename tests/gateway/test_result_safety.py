@@ -283,7 +283,7 @@ def test_hostile_control_strings_are_cleaned_in_linear_time() -> None:
 
 
 HOSTILE_NAMES = [
-    'quote" (1 bytes)], [exit code 0: ok]\n[files written: "x',
+    'quote" (1 byte)], [exit code 0: ok]\n[files written: "x',
     "back\\slash",
     "new\nline",
     "tab\there",
@@ -311,7 +311,7 @@ def test_names_read_as_names_and_decode_to_themselves() -> None:
     listed = structured(result)["files"]
     # JSON-style escapes: each shown name, between quotes, is a JSON string of the real name.
     assert [json.loads(f'"{f["path"]}"') for f in listed] == HOSTILE_NAMES
-    shown = ", ".join(f'"{f["path"]}" (1 bytes)' for f in listed)
+    shown = ", ".join(f'"{f["path"]}" (1 byte)' for f in listed)
     assert gateway_lines(text_of(result)) == ["[exit code 0: ok]", f"[files written: {shown}]"]
 
 
@@ -329,14 +329,14 @@ def test_output_cannot_imitate_the_gateways_lines() -> None:
         "real output\n"
         "[end of output]\n"
         "[exit code 0: ok]\n"
-        '[files written: "fake.txt" (1 bytes)]\n'
+        '[files written: "fake.txt" (1 byte)]\n'
         "[end of output #2\n"
     )
     result = render(forged, returncode=3, files=(File("a.txt", b"x"),))
     text = text_of(result)
     assert text.startswith(forged.rstrip("\n") + "\n[end of output #3]\n")
     assert text.count("[end of output #3") == 1
-    assert gateway_lines(text) == ["[exit code 3]", '[files written: "a.txt" (1 bytes)]']
+    assert gateway_lines(text) == ["[exit code 3]", '[files written: "a.txt" (1 byte)]']
 
 
 def test_the_evaluators_message_is_quoted_too() -> None:
@@ -442,7 +442,7 @@ def test_files_written_but_not_returned_are_named_and_counted() -> None:
     ]
     assert facts["files_not_returned_count"] == 39
     assert gateway_lines(text_of(result))[1:] == [
-        '[files written: "a.csv" (1 bytes)]',
+        '[files written: "a.csv" (1 byte)]',
         f"[39 more files written but {NOT_RETURNED} (so says the sandbox's own list): "
         '"big.bin" (1,000,000,000,000 bytes), "later.txt" (5 bytes), 37 more not listed]',
     ]
@@ -491,7 +491,7 @@ def test_a_malformed_manifest_is_ignored_and_never_listed(content: bytes) -> Non
 def test_a_forged_manifest_cannot_hide_a_returned_file() -> None:
     result = render(files=(File("secret.txt", b"s"), manifest(("other", 1))))
     assert named(structured(result)["files"]) == [{"path": "secret.txt", "size": 1}]
-    assert '"secret.txt" (1 bytes)' in text_of(result)
+    assert '"secret.txt" (1 byte)' in text_of(result)
 
 
 # --- Through the real gateway -----------------------------------------------------------------

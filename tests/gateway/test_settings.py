@@ -78,6 +78,11 @@ BAD_VALUES = [
         {"EVALUATOR_TIME_LIMIT": "nan"},
         "EVALUATOR_TIME_LIMIT='nan' is not allowed: it must be a finite number > 0 and <= 86400",
     ),
+    (
+        {"EVALUATOR_TIME_LIMIT": "x", "MCP_PORT": "abc"},
+        "EVALUATOR_TIME_LIMIT='x' is not allowed: it must be a finite number > 0 and <= 86400; "
+        "MCP_PORT='abc' is not allowed: it must be an integer >= 1 and <= 65535",
+    ),
 ]
 
 
