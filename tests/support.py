@@ -26,6 +26,8 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
+from evaluator.cgroups import _cgroup_mounts, _own_v2_cgroup
+
 #: The time limit of evaluators shared by many tests: far above what any call of the suite needs
 #: (the heaviest, numpy + pandas + a figure, takes about 1 s on an idle machine), so that a
 #: loaded machine never turns a normal call into a time-limit kill.
@@ -193,3 +195,22 @@ async def sse_endpoint(lines: AsyncIterator[str]) -> str:
         if line.startswith("data:"):
             return line[len("data:") :].strip()
     raise AssertionError("the SSE stream ended without an endpoint event")
+
+
+def memory_is_a_cgroup() -> bool:
+    """Whether a run past its memory limit is killed here by a memory cgroup (137), rather
+    than refused by the address-space rlimit an ordinary user gets without a delegated
+    cgroup v2 (``MemoryError``, exit 1, at the limit plus the rlimit's headroom)."""
+    mounts = _cgroup_mounts()
+    if os.geteuid() == 0:
+        return "memory" in mounts or "cgroup2" in mounts
+    root, own = mounts.get("cgroup2"), _own_v2_cgroup()
+    if root is None or own is None:
+        return False
+    base = root / own.lstrip("/")
+    if base.name == "service":  # an evaluator moved this process to a leaf
+        base = base.parent
+    try:
+        return "memory" in (base / "cgroup.controllers").read_text().split()
+    except OSError:
+        return False

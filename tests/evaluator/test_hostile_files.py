@@ -96,6 +96,7 @@ async def test_a_run_that_locks_out_its_files_is_answered_and_removed(
             await anyio.sleep(0.05)
 
 
+@root_only  # an ordinary user's working directory is a tmpfs that goes with its launcher
 def test_removal_goes_any_depth_and_never_follows_a_symlink(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()

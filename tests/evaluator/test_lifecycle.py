@@ -16,6 +16,8 @@ from snekbox_client import EvalRequest
 
 from .conftest import config
 
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (it plants cgroups)")
+
 _HOSTILE = [
     "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
     "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0: time.sleep(60)\n"
@@ -123,6 +125,7 @@ async def test_limits_in_force_on_this_machine() -> None:
         assert "cgroup" in limits["memory"].how and "cgroup" in limits["processes"].how
 
 
+@root_only  # it plants cgroups of a dead evaluator
 async def test_stale_sandboxes_of_a_dead_evaluator_are_swept(tmp_path: Path) -> None:
     finished = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
     stale = _plant_stale_sandbox(tmp_path, int(finished.stdout))

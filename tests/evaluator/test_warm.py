@@ -18,6 +18,8 @@ import anyio
 import pytest
 
 from evaluator import Evaluator
+from evaluator.config import MiB
+from evaluator.limits import ADDRESS_SPACE_HEADROOM
 from evaluator.pool import WARM_AFTER_IDLE
 from snekbox_client import EvalRequest, EvalResult, File
 from tests.gateway.harness import WARM_AGENT, descendants
@@ -153,19 +155,22 @@ async def test_what_the_imports_print_is_not_the_runs_output() -> None:
 
 
 async def test_the_memory_limit_counts_the_preimported_modules(evaluator: Evaluator) -> None:
+    memory = {limit.name: limit for limit in evaluator.limits_in_force()}["memory"]
+    by_rlimit = "address-space rlimit" in memory.how  # an ordinary user without a cgroup
+    # The rlimit is the limit plus headroom (the libraries' reserved address space).
+    size = evaluator.config.memory_limit + (ADDRESS_SPACE_HEADROOM // MiB if by_rlimit else 16)
     code = (
         "rss = int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])\n"
         "print(rss // 1024 > 40)\n"
-        "x = bytearray(400 * 1024 * 1024)\n"
+        f"x = bytearray({size} * 1024 * 1024)\n"
         "print('survived')\n"
     )
     result = await warm_run(evaluator, "-c", code)
     assert result.stdout.startswith("True\n")
-    memory = {limit.name: limit for limit in evaluator.limits_in_force()}["memory"]
-    if "cgroup" in memory.how:
-        assert (result.returncode, result.ended_by) == (137, "memory_limit")
-    else:  # an ordinary user without a delegated cgroup: the address-space limit
+    if by_rlimit:
         assert result.returncode == 1 and "MemoryError" in result.stdout
+    else:
+        assert (result.returncode, result.ended_by) == (137, "memory_limit")
 
 
 async def test_isolation_holds_in_a_warm_sandbox(evaluator: Evaluator) -> None:
