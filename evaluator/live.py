@@ -169,15 +169,15 @@ class LiveSessions:
     ) -> EvalResult:
         config = self._config
         workdir = session.sandbox.workdir
+        try:  # before the files: a cell refused its packages leaves none of them
+            await self._add_layers(session.sandbox, layers)
+        except PackageRefused as exc:
+            return EvalResult(exc.answer, None, ended_by="packages_refused", session_ended=False)
         try:
             before = await asyncio.to_thread(workdir.snapshot, timeout=config.file_parse_timeout)
             written = await asyncio.to_thread(workdir.write_files, request.files)
         except WriteError as exc:
             return EvalResult(str(exc), None, session_ended=False)
-        try:
-            await self._add_layers(session.sandbox, layers)
-        except PackageRefused as exc:
-            return EvalResult(exc.answer, None, ended_by="packages_refused", session_ended=False)
         outcome = await session.sandbox.process.run_cell(
             args,
             time_limit=time_limit,

@@ -215,8 +215,9 @@ class PackageCache:
             PackageRefused: a requirement is refused, or the set cannot be installed.
         """
         started = time.monotonic()
-        wanted = tuple(sorted(self._checked(r, trusted) for r in requirements))
-        memo_key = (python, *wanted, "-c", *sorted(constraints))
+        # As asked (a session's, then its call's): a refusal names the later of two alike.
+        wanted = tuple(self._checked(r, trusted) for r in requirements)
+        memo_key = (python, *sorted(wanted), "-c", *sorted(constraints))
         refused = self._refusals.get(memo_key)
         if refused is not None and refused[1] > time.monotonic():
             raise refused[0]
@@ -499,10 +500,12 @@ def _refusal(message: str, wanted: Sequence[str]) -> PackageRefused:
     text = " ".join(message.split())[:_MESSAGE_CHARS].rstrip(".")
     lowered = text.lower()
     # The requirement uv names: as written (``tinypkg==9.9``), else by its project's name,
-    # whole words only (``six`` is not named by ``sixel``); of two alike, the later: a call's
-    # own come after its session's.
-    written = [r for r in reversed(wanted) if _names(lowered, r.lower())]
-    named = max(written, key=len, default=None) or next(
+    # whole words only (``six`` is not named by ``sixel``); of those named, not one that is
+    # part of another (``tinypkg`` of ``tinypkg==9.9``), and the later: a call's own come
+    # after its session's.
+    written = [r for r in wanted if _names(lowered, r.lower())]
+    whole = [r for r in written if not any(r != o and r.lower() in o.lower() for o in written)]
+    named = (whole[-1] if whole else None) or next(
         (r for r in wanted if _names(lowered, canonicalize_name(Requirement(r).name))), None
     )
     if any(s in lowered for s in ("no wheels", "wheels are required", "from source is disabled")):

@@ -388,7 +388,10 @@ def _scan(
             raise CollectError("TimeoutError: Exceeded time limit while parsing attachments")
         if name.startswith("."):
             continue
-        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:  # removed since listed: by a session's running process
+            continue
         rel = prefix + name
         if stat.S_ISDIR(info.st_mode):
             try:

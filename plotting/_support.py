@@ -134,7 +134,7 @@ def finish() -> None:
     what had to be replaced; after a KeyboardInterrupt, the run ends by SIGINT.
     """
     capture_open_figures()
-    if _has_files():
+    if _inputs or _has_files():  # files sent in may all be gone: the manifest says so
         write_manifest()
     for stream in (sys.stdout, sys.stderr, *_streams):  # the code may have rebound them
         _flush(stream)
@@ -634,11 +634,8 @@ def write_manifest() -> None:
     The rules are Snekbox's: regular files, not symlinks, no name starting with ``_`` and nothing
     under a name starting with ``.``; files sent in and left unchanged are left out. The walk is
     bounded (:data:`_WALK_ENTRIES`, :data:`_WALK_DEPTH`) and says whether it saw everything; the
-    list is cut at :data:`MANIFEST_MAX_BYTES`, the count still covering every file found. Files
-    that were there when the code started and are gone follow, when the walk saw everything: a
-    session's files kept by the gateway lose them. Nothing is written when there is nothing to
-    list, and a failure writes nothing: the manifest only helps the gateway say what did not
-    come back, and forget what is gone.
+    list is cut at :data:`MANIFEST_MAX_BYTES`, the count still covering every file found. Inputs
+    now gone follow (the gateway forgets them). A failure writes nothing.
     """
     try:
         found, complete = _walk()
@@ -648,22 +645,35 @@ def write_manifest() -> None:
             if path != MANIFEST_NAME and _inputs.get(path) != mtime
         )
         there = {path for path, _, _ in found}
-        gone = sorted(set(_inputs) - there - {MANIFEST_NAME}) if complete else []
+        # Only names the gateway can have kept: a name that is not UTF-8 never came back.
+        gone = [
+            p
+            for p in sorted(set(_inputs) - there - {MANIFEST_NAME})
+            if complete and os.fsencode(p) == p.encode("utf-8", "replace")
+        ]
         if not files and not gone:
             return
         header = MANIFEST_HEADER % (len(files), complete)
-        records: list[bytes] = []
         room = MANIFEST_MAX_BYTES - len(header)
-        listed = [b"%d %s\0" % (size, os.fsencode(path)) for path, size in files]
-        for record in listed + [b"- %s\0" % os.fsencode(path) for path in gone]:
-            room -= len(record)
-            if room < 0:
-                break
-            records.append(record)
+        # The files gone first: the gateway forgets them, where the list only names files.
+        removed = _fitting([b"- %s\0" % os.fsencode(path) for path in gone], room)
+        room -= sum(map(len, removed))
+        listed = _fitting([b"%d %s\0" % (size, os.fsencode(path)) for path, size in files], room)
+        records = listed + removed
         with open(os.path.join(_workdir, MANIFEST_NAME), "wb") as out:
             out.write(header + b"".join(records))
     except Exception:
         pass
+
+
+def _fitting(records: "list[bytes]", room: int) -> "list[bytes]":
+    kept = []
+    for record in records:
+        room -= len(record)
+        if room < 0:
+            break
+        kept.append(record)
+    return kept
 
 
 def _walk() -> "tuple[list[tuple[str, int, int]], bool]":

@@ -375,11 +375,13 @@ async def test_calls_queued_on_a_session_share_its_room(small_gateway: str, tran
 
         async with anyio.create_task_group() as group:
             group.start_soon(call, 0, "import time; time.sleep(2)")
-            await anyio.sleep(0.3)  # its turn taken (it starts at once: its session is idle)
+            await anyio.sleep(0.3)  # most often, its turn taken
             group.start_soon(call, 1, "print('ran')")
-    first, second = results
-    assert not first.is_error and facts(first)["status"] == "ok"
-    assert second.is_error and "may hold 65,536" in text_of(second)
+    # One ran, the other was refused (which came first is the machine's to decide).
+    refused = [r for r in results if r.is_error]
+    ran = [r for r in results if not r.is_error]
+    assert len(refused) == 1 and "may hold 65,536" in text_of(refused[0])
+    assert len(ran) == 1 and facts(ran[0])["status"] == "ok"
 
 
 async def test_a_session_keeps_only_the_files_that_are_there(

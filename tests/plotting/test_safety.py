@@ -190,8 +190,25 @@ def test_the_manifest_names_the_inputs_that_are_gone(run_code: RunCode) -> None:
     )
     assert run.returncode == 0, run.output
     assert manifest(run) == Manifest((("d/x", 1),), 1, True, ("d", "old.txt"))
-    only_gone = run_code("import os\nos.remove('old.txt')", files={"old.txt": b"o"})
-    assert manifest(only_gone) == Manifest((), 0, True, ("old.txt",))
+
+
+def test_the_manifest_names_the_last_input_gone(run_code: RunCode) -> None:
+    """Nothing left in the directory: the manifest is written all the same."""
+    run = run_code("import os\nos.remove('old.txt')", files={"old.txt": b"o"})
+    assert manifest(run) == Manifest((), 0, True, ("old.txt",))
+
+
+def test_gone_inputs_come_first_and_only_names_the_gateway_can_hold(run_code: RunCode) -> None:
+    """A name that is not UTF-8 never came back to the gateway (its U+FFFD decoding would name
+    another file); and a long list of files written does not push the gone ones out."""
+    run = run_code(
+        "import os\nos.remove('old.txt')\nos.remove(b'bad\\xff')\n"
+        "for i in range(2000):\n    open('%04d' % i + 'n' * 200, 'w').close()",
+        files={"old.txt": b"o", "bad\udcff": b"b"},
+    )
+    listed = manifest(run)
+    assert listed is not None and listed.gone == ("old.txt",)
+    assert listed.total == 2000 and 0 < len(listed.files) < 2000
 
 
 def test_the_manifest_is_bounded_and_says_what_it_left_out(run_code: RunCode) -> None:
