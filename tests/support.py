@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -128,8 +130,10 @@ def _port_slice() -> range:
 
 
 _PORT_SLICE = _port_slice()
-#: Handed out in turn, so that a port is not handed out again while its last server may linger.
-_ports = itertools.cycle(_PORT_SLICE)
+#: Handed out in turn, so that a port is not handed out again while its last server may linger;
+#: from a random start, so that two suites on one host (two checkouts) do not walk in step.
+_start = random.randrange(len(_PORT_SLICE))
+_ports: Iterator[int] = itertools.cycle([*_PORT_SLICE[_start:], *_PORT_SLICE[:_start]])
 
 
 def wait_until_answers(
@@ -214,3 +218,12 @@ def memory_is_a_cgroup() -> bool:
         return "memory" in (base / "cgroup.controllers").read_text().split()
     except OSError:
         return False
+
+
+def sandbox_home() -> str:
+    """The working directory inside this environment's sandboxes: ``/home``, or ``/sandbox``
+    when this interpreter lies under /home (a checkout in a home directory)."""
+    from evaluator.host import HOME, HOME_ELSEWHERE, interpreter_paths
+
+    paths = interpreter_paths(sys.executable)
+    return HOME_ELSEWHERE if any(p == HOME or p.startswith(HOME + "/") for p in paths) else HOME

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from evaluator import Evaluator, create_app
-from tests.support import memory_is_a_cgroup
+from tests.support import memory_is_a_cgroup, sandbox_home
 
 from . import isolation
 from .conftest import TIME_LIMIT, b64, config, run
@@ -289,7 +289,8 @@ async def test_writes_outside_the_working_directory_fail(client: httpx.AsyncClie
         "        open(os.path.join(d, 'x'), 'w').close(); print(d, 'WRITTEN')\n"
         "    except OSError as e:\n"
         "        print(d, 'refused')\n"
-        "open('/home/ok', 'w').close(); open('/dev/shm/ok', 'w').close(); print('home ok')"
+        f"open('{sandbox_home()}/ok', 'w').close(); open('/dev/shm/ok', 'w').close()\n"
+        "print('home ok')"
     )
     result = await run(client, code)
     assert "WRITTEN" not in result["stdout"]

@@ -23,6 +23,7 @@ from evaluator.limits import ADDRESS_SPACE_HEADROOM
 from evaluator.pool import WARM_AFTER_IDLE
 from snekbox_client import EvalRequest, EvalResult, File
 from tests.gateway.harness import WARM_AGENT, descendants
+from tests.support import sandbox_home
 
 from . import isolation
 from .conftest import config
@@ -87,7 +88,7 @@ async def test_main_argv_and_path_are_those_of_a_cold_run(evaluator: Evaluator) 
             expected = await cold.run(EvalRequest(args=args, files=(script,)))
             result = await warm_run(evaluator, *args, files=(script,))
             assert result.stdout == expected.stdout
-    assert "__main__ ['main.py', 'x'] '/home'" in expected.stdout
+    assert f"__main__ ['main.py', 'x'] '{sandbox_home()}'" in expected.stdout
 
 
 @pytest.mark.parametrize(
