@@ -18,7 +18,10 @@ from tests.support import serve
 from .conftest import config, run
 
 # Far longer than any test waits: the run can only end by being killed.
-_LONG = 30.0
+_LONG = 120.0
+# How long a killed run's processes may take to go: generous, since CI runs this beside a VM
+# that takes a core (2 s was once too short on CPython 3.13), and far below _LONG.
+_GONE_WITHIN = 30.0
 _MARKER = "cancel-me-0f9a"
 _LOOP = f"while True: pass  # {_MARKER}"
 
@@ -96,7 +99,7 @@ async def test_cancelling_run_kills_the_sandbox_and_propagates() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         assert task.cancelled()
-        await _until(lambda: _gone(running), 2)
+        await _until(lambda: _gone(running), _GONE_WITHIN)
         assert not _run_processes()
         with anyio.fail_after(5):  # the slot was released
             result = await evaluator.run(EvalRequest(args=("-c", "print('again')")))
@@ -111,9 +114,9 @@ async def test_cancelling_an_asgi_request_kills_the_sandbox() -> None:
             running = await _cancel_once_running(
                 lambda: client.post("/eval", json={"input": _LOOP})
             )
-            await _until(lambda: _gone(running), 2)
+            await _until(lambda: _gone(running), _GONE_WITHIN)
             assert not _run_processes()
-            with anyio.fail_after(5):
+            with anyio.fail_after(60):  # a bound, not a speed: a run may be slow under load
                 assert (await run(client, "print('again')"))["stdout"] == "again\n"
 
 
@@ -125,7 +128,7 @@ async def test_a_client_that_disconnects_gets_its_sandbox_killed() -> None:
             running = await _cancel_once_running(
                 lambda: client.post("/eval", json={"input": _LOOP})
             )
-            await _until(lambda: _gone(running), 2)
+            await _until(lambda: _gone(running), _GONE_WITHIN)
             assert not _run_processes()
-            with anyio.fail_after(5):
+            with anyio.fail_after(60):  # a bound, not a speed: a run may be slow under load
                 assert (await run(client, "print('again')"))["stdout"] == "again\n"
