@@ -38,8 +38,13 @@ _FILES_NOT_COLLECTED = re.compile(
     r"FileParsingError: .*|TimeoutError: Exceeded time limit while parsing attachments", re.DOTALL
 )
 _NOT_RUN = re.compile(
-    r"\w+: Failed to create file '.*'\.|ValueError: embedded null byte", re.DOTALL
+    r"\w+: Failed to create file '.*'\.|ValueError: embedded null byte"
+    # The built-in evaluator's, when a session's sandbox or interpreter fails to start.
+    r"|the session's interpreter could not start: .*",
+    re.DOTALL,
 )
+#: What bwrap says when the kernel refuses it a process (RLIMIT_NPROC) or memory.
+_NO_ROOM = "Resource temporarily unavailable"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
 
 
@@ -134,7 +139,13 @@ def _describe_message(message: str) -> tuple[Status, str]:
             "files, in fewer directory levels, with UTF-8 names"
         )
     if _NOT_RUN.fullmatch(message):
-        return "not_run", f"the evaluator could not run the code (its message: {quoted})"
+        hint = ""
+        if _NO_ROOM in message:
+            hint = (
+                "; the host refused the sandbox a process: the evaluator's user has too many "
+                "running (its own programs count too), so retry in a moment"
+            )
+        return "not_run", f"the evaluator could not run the code (its message: {quoted}){hint}"
     return "evaluator_error", (
         f"the evaluator answered with an error instead of a result (its message: {quoted}); "
         "whether the code ran is not known"

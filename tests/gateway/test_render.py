@@ -55,6 +55,13 @@ from snekbox_client import EndedBy, EvalResult
             "could not run the code",
         ),
         (None, "ValueError: embedded null byte", "not_run", "could not run the code"),
+        (
+            None,
+            "the session's interpreter could not start: bwrap: Creating new namespace failed: "
+            "Resource temporarily unavailable",
+            "not_run",
+            "the evaluator's user has too many running (its own programs count too)",
+        ),
         (None, "something new", "evaluator_error", "whether the code ran is not known"),
     ],
 )
