@@ -20,6 +20,7 @@ from pathlib import Path
 from .config import EvaluatorConfig, MiB
 from .errors import SandboxUnavailable
 from .jail import SandboxView
+from .workdir import TMP_DIR
 
 __all__ = [
     "HOME",
@@ -28,8 +29,10 @@ __all__ = [
     "WHAT_TO_DO",
     "check_prerequisites",
     "environment",
+    "home_environment",
     "interpreter_paths",
     "sandbox_view",
+    "working_directory",
 ]
 
 #: The working directory inside the sandbox, as Snekbox's.
@@ -97,14 +100,7 @@ def sandbox_view(config: EvaluatorConfig, also_bound: Sequence[str] = ()) -> San
     symlinks = tuple(
         (os.readlink(link), link) for link in ("/lib", "/lib64") if os.path.islink(link)
     )
-    home = HOME
-    if any(_within(path, HOME) for path in (*ordered, *also_bound)):
-        home = HOME_ELSEWHERE
-        if any(_within(path, home) for path in (*ordered, *also_bound)):
-            raise SandboxUnavailable(
-                f"the interpreter's files lie under both {HOME} and {HOME_ELSEWHERE}, one of "
-                "which must be free for the working directory: use another Python environment"
-            )
+    home = working_directory((*ordered, *also_bound))
     return SandboxView(
         bwrap=os.path.abspath(bwrap),
         readonly_paths=ordered,
@@ -117,8 +113,25 @@ def sandbox_view(config: EvaluatorConfig, also_bound: Sequence[str] = ()) -> San
     )
 
 
-def _within(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory + "/")
+def working_directory(bound: Sequence[str]) -> str:
+    """The working directory inside the sandbox, when ``bound`` host paths are bound at the
+    same place: :data:`HOME`, unless one lies there.
+
+    Raises:
+        SandboxUnavailable: they lie under both :data:`HOME` and :data:`HOME_ELSEWHERE`.
+    """
+    for home in (HOME, HOME_ELSEWHERE):
+        if not any(path == home or path.startswith(home + "/") for path in bound):
+            return home
+    raise SandboxUnavailable(
+        f"the interpreter's files lie under both {HOME} and {HOME_ELSEWHERE}, one of which "
+        "must be free for the working directory: use another Python environment"
+    )
+
+
+def home_environment(home: str) -> dict[str, str]:
+    """The variables naming the working directory ``home`` and what the runs keep below it."""
+    return {"HOME": home, "TMPDIR": f"{home}/{TMP_DIR}", "MPLCONFIGDIR": f"{home}/{MPLCONFIGDIR}"}
 
 
 def environment(config: EvaluatorConfig, home: str = HOME) -> dict[str, str]:
@@ -129,7 +142,7 @@ def environment(config: EvaluatorConfig, home: str = HOME) -> dict[str, str]:
         (os.path.dirname(config.executable), os.path.dirname(os.path.realpath(config.executable)))
     )
     return {
-        "HOME": home,
+        **home_environment(home),
         "PATH": ":".join(bin_dirs),
         "LANG": "C.UTF-8",
         "PYTHONUNBUFFERED": "1",
@@ -141,8 +154,6 @@ def environment(config: EvaluatorConfig, home: str = HOME) -> dict[str, str]:
         "NUMEXPR_NUM_THREADS": threads,
         "VECLIB_MAXIMUM_THREADS": threads,
         "MPLBACKEND": "Agg",
-        "MPLCONFIGDIR": f"{home}/{MPLCONFIGDIR}",
-        "TMPDIR": f"{home}/.tmp",
     }
 
 

@@ -70,7 +70,7 @@ def describe(
     nproc: int | None,
     users: RunUsers,
     seccomp_reason: str | None,
-    home: str = "/home",
+    home: str,
 ) -> tuple[Limit, ...]:
     """Which limits are really enforced, and how.
 

@@ -29,7 +29,7 @@ from typing import Any
 from . import seccomp
 from ._agent import WARM
 from .cgroups import Cgroups, RunCgroup
-from .host import MPLCONFIGDIR
+from .host import home_environment
 from .jail import MOUNTED, JailedProcess, LaunchSpec
 from .procfs import reap_orphans
 from .users import RunUsers
@@ -375,13 +375,7 @@ class SandboxPool:
         """The process's environment: empty under bwrap, else with the host paths of the run."""
         if self._host_env is None:
             return {}
-        home = str(workdir.path)
-        return {
-            **self._host_env,
-            "HOME": home,
-            "TMPDIR": f"{home}/.tmp",
-            "MPLCONFIGDIR": f"{home}/{MPLCONFIGDIR}",
-        }
+        return {**self._host_env, **home_environment(str(workdir.path))}
 
 
 async def _remove_cgroup(cgroup: RunCgroup) -> bool:

@@ -613,6 +613,11 @@ class Evaluator:
         """Runs, since the start, that took a warm sandbox."""
         return self._pool.warm_taken if self._pool is not None else 0
 
+    @property
+    def _home(self) -> str:
+        """The working directory inside the sandbox."""
+        return self._view.home if self._view is not None else HOME
+
     def limits_in_force(self) -> tuple[Limit, ...]:
         """Which limits this machine really enforces, and how (known after :meth:`start`)."""
         return limits.describe(
@@ -622,7 +627,7 @@ class Evaluator:
             nproc=self._nproc,
             users=self._users,
             seccomp_reason=None if self._seccomp is not None else self._seccomp_reason,
-            home=self._view.home if self._view is not None else HOME,
+            home=self._home,
         )
 
     # -- runs ------------------------------------------------------------------------------
@@ -808,8 +813,7 @@ class Evaluator:
             kept = self._root.path / built[-1].name
             shutil.copyfile(built[-1], kept)
             kept.chmod(0o444)
-            home = self._view.home if self._view is not None else HOME
-            self._fontlist = (str(kept), f"{home}/{MPLCONFIGDIR}/{built[-1].name}")
+            self._fontlist = (str(kept), f"{self._home}/{MPLCONFIGDIR}/{built[-1].name}")
         finally:
             await pool.dispose(sandbox)
             # After the font list: a warm agent importing pyplot would otherwise build its own.

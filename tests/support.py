@@ -29,6 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
 from evaluator.cgroups import _cgroup_mounts, _own_v2_cgroup
+from evaluator.host import interpreter_paths, working_directory
 
 #: The time limit of evaluators shared by many tests: far above what any call of the suite needs
 #: (the heaviest, numpy + pandas + a figure, takes about 1 s on an idle machine), so that a
@@ -205,25 +206,28 @@ def memory_is_a_cgroup() -> bool:
     """Whether a run past its memory limit is killed here by a memory cgroup (137), rather
     than refused by the address-space rlimit an ordinary user gets without a delegated
     cgroup v2 (``MemoryError``, exit 1, at the limit plus the rlimit's headroom)."""
-    mounts = _cgroup_mounts()
     if os.geteuid() == 0:
+        mounts = _cgroup_mounts()
         return "memory" in mounts or "cgroup2" in mounts
-    root, own = mounts.get("cgroup2"), _own_v2_cgroup()
+    return "memory" in offered_v2_controllers().split()
+
+
+def offered_v2_controllers() -> str:
+    """The cgroup v2 controllers this process's cgroup offers (its parent's, once moved to a
+    leaf by an evaluator)."""
+    root, own = _cgroup_mounts().get("cgroup2"), _own_v2_cgroup()
     if root is None or own is None:
-        return False
+        return ""
     base = root / own.lstrip("/")
-    if base.name == "service":  # an evaluator moved this process to a leaf
+    if base.name == "service":
         base = base.parent
     try:
-        return "memory" in (base / "cgroup.controllers").read_text().split()
+        return (base / "cgroup.controllers").read_text().strip()
     except OSError:
-        return False
+        return ""
 
 
 def sandbox_home() -> str:
     """The working directory inside this environment's sandboxes: ``/home``, or ``/sandbox``
     when this interpreter lies under /home (a checkout in a home directory)."""
-    from evaluator.host import HOME, HOME_ELSEWHERE, interpreter_paths
-
-    paths = interpreter_paths(sys.executable)
-    return HOME_ELSEWHERE if any(p == HOME or p.startswith(HOME + "/") for p in paths) else HOME
+    return working_directory(interpreter_paths(sys.executable))

@@ -31,41 +31,26 @@ from mcp.types import ImageContent
 from PIL import Image
 
 from evaluator import Evaluator
-from evaluator.cgroups import _cgroup_mounts, _own_v2_cgroup
 from evaluator.config import MiB
 from python_mcp_server import Settings, create_app
 from snekbox_client import EvalRequest, EvalResult
 from tests.gateway.conftest import with_time_limit
-from tests.support import connect, serve, text_of
+from tests.support import connect, offered_v2_controllers, serve, text_of
 
 from . import isolation
 from .conftest import config
 
 REQUIRED = os.environ.get("EVALUATOR_REQUIRE_CGROUP_V2") == "1"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def _offered() -> str:
-    """The cgroup v2 controllers this process's cgroup offers (its parent's, once moved to a
-    leaf by an evaluator)."""
-    root, own = _cgroup_mounts().get("cgroup2"), _own_v2_cgroup()
-    if root is None or own is None:
-        return ""
-    base = root / own.lstrip("/")
-    if base.name == "service":
-        base = base.parent
-    try:
-        return (base / "cgroup.controllers").read_text().strip()
-    except OSError:
-        return ""
+OFFERED = offered_v2_controllers()
 
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.timeout(600),
     pytest.mark.skipif(
-        not REQUIRED and not {"memory", "pids"} <= set(_offered().split()),
-        reason=f"no delegated cgroup v2 with memory and pids here (offered: {_offered()!r})",
+        not REQUIRED and not {"memory", "pids"} <= set(OFFERED.split()),
+        reason=f"no delegated cgroup v2 with memory and pids here (offered: {OFFERED!r})",
     ),
 ]
 PROJECT = Path(__file__).resolve().parents[2]
