@@ -31,7 +31,7 @@ from ._agent import WARM
 from .cgroups import Cgroups, RunCgroup
 from .host import home_environment
 from .jail import MOUNTED, JailedProcess, LaunchSpec
-from .procfs import reap_orphans
+from .procfs import await_orphans
 from .users import RunUsers
 from .workdir import Workdir, WorkdirRoot
 
@@ -52,6 +52,8 @@ class Sandbox:
 
 
 _ANSWER_FIRST = 0.002
+# Seconds a disposal waits for a killed sandbox's init to die (see procfs.await_orphans).
+_ORPHANS_WITHIN = 5.0
 #: Seconds without a run in progress before warm sandboxes are started (see the module).
 WARM_AFTER_IDLE = 0.25
 
@@ -243,9 +245,12 @@ class SandboxPool:
             except OSError:
                 log.exception("could not remove the cgroup %s", sandbox.cgroup.dirs)
                 emptied = False
+        # Its init, inherited if the outer bwrap died first (the runs' own processes are never
+        # touched: each is reaped by its JailedProcess). One still running keeps the uid out.
+        if not await await_orphans("bwrap", _ORPHANS_WITHIN):
+            log.error("a sandbox's init still runs %s s after its disposal", _ORPHANS_WITHIN)
+            emptied = False
         try:
-            # The runs' own processes are never touched: each is reaped by its JailedProcess.
-            reap_orphans("bwrap")
             # Off the loop: code may have left a deep tree to repair and remove.
             await asyncio.to_thread(sandbox.workdir.remove)
         except OSError:

@@ -9,19 +9,29 @@ every evaluator of the process shares the kernel's list of children.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["alive", "reap_orphans", "reap_owned", "spawn_owned"]
+__all__ = ["Orphans", "alive", "await_orphans", "reap_orphans", "reap_owned", "spawn_owned"]
 
 # Spawns, reaps and orphan scans happen under this lock, so that a pid seen outside ``_owned`` by
 # reap_orphans cannot be (or become, by pid reuse) a child that an owner is about to reap.
 _lock = threading.Lock()
 # Children started by spawn_owned and not yet reaped by their owner.
 _owned: set[int] = set()
+
+
+class Orphans(NamedTuple):
+    """What :func:`reap_orphans` found: zombies it reaped, and orphans still running."""
+
+    reaped: int
+    running: int
 
 
 def alive(pid: int) -> bool:
@@ -86,15 +96,16 @@ def owned() -> frozenset[int]:
         return frozenset(_owned)
 
 
-def reap_orphans(command: str) -> int:
-    """Reap zombie children named ``command`` that no run owns; return how many.
+def reap_orphans(command: str) -> Orphans:
+    """Reap zombie children named ``command`` that no run owns; say how many, and how many such
+    children are still running.
 
     As a child subreaper, this process inherits the sandbox's init when the outer bwrap exits
     first. Only such zombies are reaped: a run's own process is owned until its run reaps it,
     and other code in the process (the gateway) may be waiting for children of its own.
     """
     me = os.getpid()
-    reaped = 0
+    reaped = running = 0
     with _lock:
         for pid in _children():
             if pid in _owned:
@@ -106,13 +117,33 @@ def reap_orphans(command: str) -> int:
             # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
             comm = stat[stat.index("(") + 1 : stat.rindex(")")]
             state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-            if state == "Z" and int(ppid) == me and comm == command:
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                    reaped += 1
-                except ChildProcessError:
-                    pass
-    return reaped
+            if int(ppid) != me or comm != command:
+                continue
+            if state != "Z":
+                running += 1
+                continue
+            try:
+                os.waitpid(pid, os.WNOHANG)
+                reaped += 1
+            except ChildProcessError:
+                pass
+    return Orphans(reaped, running)
+
+
+async def await_orphans(command: str, seconds: float) -> bool:
+    """Reap orphans named ``command`` until none is left running, for at most ``seconds``.
+
+    A killed sandbox's init leaves its cgroup at once, but becomes a zombie (and ours, once its
+    outer bwrap is gone) only after every process of its PID namespace has died: on a busy
+    machine, after its sandbox's disposal has looked. Left there, it would stay a zombie until
+    the next disposal. Returns whether none is left running.
+    """
+    deadline = time.monotonic() + seconds
+    while reap_orphans(command).running:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def _children() -> set[int]:

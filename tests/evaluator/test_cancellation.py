@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -69,6 +70,25 @@ def _gone(pids: set[int]) -> bool:
     return not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
+async def _until_gone(pids: set[int]) -> None:
+    """Wait for ``pids`` to go; if they do not, fail saying what each one still is."""
+    try:
+        await _until(lambda: _gone(pids), _GONE_WITHIN)
+    except TimeoutError:
+        pytest.fail(f"still there after {_GONE_WITHIN} s: {_describe(pids)}")
+
+
+def _describe(pids: set[int]) -> str:
+    """Each of ``pids`` that exists: its name, state and parent (and which pid is ours)."""
+    left = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            state, parent = stat[stat.rindex(")") + 2 :].split()[:2]
+            left[pid] = (stat[stat.index("(") + 1 : stat.rindex(")")], state, int(parent))
+    return f"{left} (pid: (name, state, parent)); this process is {os.getpid()}"
+
+
 async def _cancel_once_running(call: Callable[[], Awaitable[object]]) -> set[int]:
     """Start ``call``, cancel it ~0.5 s after its sandbox runs; return the sandbox's processes."""
     finished = False
@@ -99,7 +119,7 @@ async def test_cancelling_run_kills_the_sandbox_and_propagates() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         assert task.cancelled()
-        await _until(lambda: _gone(running), _GONE_WITHIN)
+        await _until_gone(running)
         assert not _run_processes()
         with anyio.fail_after(5):  # the slot was released
             result = await evaluator.run(EvalRequest(args=("-c", "print('again')")))
@@ -114,7 +134,7 @@ async def test_cancelling_an_asgi_request_kills_the_sandbox() -> None:
             running = await _cancel_once_running(
                 lambda: client.post("/eval", json={"input": _LOOP})
             )
-            await _until(lambda: _gone(running), _GONE_WITHIN)
+            await _until_gone(running)
             assert not _run_processes()
             with anyio.fail_after(60):  # a bound, not a speed: a run may be slow under load
                 assert (await run(client, "print('again')"))["stdout"] == "again\n"
@@ -128,7 +148,7 @@ async def test_a_client_that_disconnects_gets_its_sandbox_killed() -> None:
             running = await _cancel_once_running(
                 lambda: client.post("/eval", json={"input": _LOOP})
             )
-            await _until(lambda: _gone(running), _GONE_WITHIN)
+            await _until_gone(running)
             assert not _run_processes()
             with anyio.fail_after(60):  # a bound, not a speed: a run may be slow under load
                 assert (await run(client, "print('again')"))["stdout"] == "again\n"

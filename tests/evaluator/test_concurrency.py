@@ -11,7 +11,7 @@ import httpx
 
 from evaluator import Evaluator, create_app
 from evaluator.jail import JailedProcess, LaunchSpec
-from evaluator.procfs import owned, reap_orphans
+from evaluator.procfs import alive, await_orphans, owned, reap_orphans
 from snekbox_client import EvalRequest
 
 from .conftest import config
@@ -73,12 +73,39 @@ async def test_orphan_reaping_leaves_an_exited_run_to_its_owner(tmp_path: Path) 
         finally:
             loop.remove_reader(process._pidfd)
         assert process.pid in owned()
-        assert reap_orphans("bwrap") == 0
+        assert reap_orphans("bwrap").reaped == 0
         outcome = await process.wait(1000)
         assert (outcome.returncode, outcome.ended_by) == (3, "exit")
         assert process.pid not in owned()
     finally:
         await process.aclose()
+
+
+async def test_an_orphan_that_dies_late_is_reaped_not_left_a_zombie(tmp_path: Path) -> None:
+    """A sandbox's init may outlive its outer bwrap, then die: it is waited for and reaped.
+
+    (Was: one look at disposal, and an init still dying stayed a zombie until the next run.)
+    """
+    fake = tmp_path / "bwrap"  # its forked shell, the orphan, is named bwrap too
+    fake.write_text("#!/bin/sh\n(sleep 1; exit 0) >/dev/null 2>&1 &\necho $!\n")
+    fake.chmod(0o755)
+    async with Evaluator(config()):  # which makes this process a child subreaper
+        process = JailedProcess.spawn(LaunchSpec(), cgroup=None)
+        try:
+            process.release([str(fake)], 10)
+            outcome = await process.wait(1000)
+        finally:
+            await process.aclose()
+        orphan = int(outcome.output)
+        assert _parent(orphan) == os.getpid()  # an orphan of ours, still running
+        with anyio.fail_after(10):
+            assert await await_orphans("bwrap", 5)
+        assert not alive(orphan)  # not even a zombie
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
 async def test_a_launcher_mounts_its_working_directory_or_says_why(tmp_path: Path) -> None:
