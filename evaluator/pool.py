@@ -106,6 +106,8 @@ class SandboxPool:
         self._target = ready
         self._ready: list[Sandbox] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        # Orphans of killed sandboxes that did not die when waited for (see dispose).
+        self._stuck: frozenset[int] = frozenset()
         self._closing = False
         # Warm sandboxes: the agent's command line, how many to keep, whether the service is
         # idle; those still importing, and those ready.
@@ -246,10 +248,17 @@ class SandboxPool:
                 log.exception("could not remove the cgroup %s", sandbox.cgroup.dirs)
                 emptied = False
         # Its init, inherited if the outer bwrap died first (the runs' own processes are never
-        # touched: each is reaped by its JailedProcess). One still running keeps the uid out.
-        if not await await_orphans("bwrap", _ORPHANS_WITHIN):
-            log.error("a sandbox's init still runs %s s after its disposal", _ORPHANS_WITHIN)
+        # touched: each is reaped by its JailedProcess). One that does not die keeps this uid
+        # out of use, and is not waited for again: it would hold up every later disposal.
+        running = await await_orphans("bwrap", _ORPHANS_WITHIN, besides=self._stuck)
+        if running - self._stuck:
+            log.error(
+                "killed sandboxes' processes %s still run %s s on; not waited for again",
+                sorted(running - self._stuck),
+                _ORPHANS_WITHIN,
+            )
             emptied = False
+        self._stuck = running
         try:
             # Off the loop: code may have left a deep tree to repair and remove.
             await asyncio.to_thread(sandbox.workdir.remove)

@@ -28,10 +28,11 @@ _owned: set[int] = set()
 
 
 class Orphans(NamedTuple):
-    """What :func:`reap_orphans` found: zombies it reaped, and orphans still running."""
+    """What :func:`reap_orphans` found: how many zombies it reaped, and the orphans (pids)
+    still running."""
 
     reaped: int
-    running: int
+    running: frozenset[int]
 
 
 def alive(pid: int) -> bool:
@@ -105,7 +106,8 @@ def reap_orphans(command: str) -> Orphans:
     and other code in the process (the gateway) may be waiting for children of its own.
     """
     me = os.getpid()
-    reaped = running = 0
+    reaped = 0
+    running = set()
     with _lock:
         for pid in _children():
             if pid in _owned:
@@ -120,30 +122,33 @@ def reap_orphans(command: str) -> Orphans:
             if int(ppid) != me or comm != command:
                 continue
             if state != "Z":
-                running += 1
+                running.add(pid)
                 continue
             try:
                 os.waitpid(pid, os.WNOHANG)
                 reaped += 1
             except ChildProcessError:
                 pass
-    return Orphans(reaped, running)
+    return Orphans(reaped, frozenset(running))
 
 
-async def await_orphans(command: str, seconds: float) -> bool:
-    """Reap orphans named ``command`` until none is left running, for at most ``seconds``.
+async def await_orphans(
+    command: str, seconds: float, *, besides: frozenset[int] = frozenset()
+) -> frozenset[int]:
+    """Reap orphans named ``command`` until none is left running but ``besides``, for at most
+    ``seconds``; return those still running (``besides`` among them, if they are).
 
     A killed sandbox's init leaves its cgroup at once, but becomes a zombie (and ours, once its
     outer bwrap is gone) only after every process of its PID namespace has died: on a busy
     machine, after its sandbox's disposal has looked. Left there, it would stay a zombie until
-    the next disposal. Returns whether none is left running.
+    the next disposal. ``besides``: orphans already waited for in vain, not waited for again.
     """
     deadline = time.monotonic() + seconds
-    while reap_orphans(command).running:
-        if time.monotonic() >= deadline:
-            return False
+    while True:
+        running = reap_orphans(command).running
+        if running <= besides or time.monotonic() >= deadline:
+            return running
         await asyncio.sleep(0.01)
-    return True
 
 
 def _children() -> set[int]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import sys
 from pathlib import Path
 
 import anyio
@@ -86,21 +88,52 @@ async def test_an_orphan_that_dies_late_is_reaped_not_left_a_zombie(tmp_path: Pa
 
     (Was: one look at disposal, and an init still dying stayed a zombie until the next run.)
     """
-    fake = tmp_path / "bwrap"  # its forked shell, the orphan, is named bwrap too
-    fake.write_text("#!/bin/sh\n(sleep 1; exit 0) >/dev/null 2>&1 &\necho $!\n")
-    fake.chmod(0o755)
     async with Evaluator(config()):  # which makes this process a child subreaper
-        process = JailedProcess.spawn(LaunchSpec(), cgroup=None)
-        try:
-            process.release([str(fake)], 10)
-            outcome = await process.wait(1000)
-        finally:
-            await process.aclose()
-        orphan = int(outcome.output)
-        assert _parent(orphan) == os.getpid()  # an orphan of ours, still running
+        orphan = await _orphan(tmp_path, lives=1)
         with anyio.fail_after(10):
-            assert await await_orphans("bwrap", 5)
+            assert await await_orphans("bwrap", 5) == frozenset()
         assert not alive(orphan)  # not even a zombie
+
+
+async def test_an_orphan_that_does_not_die_is_waited_for_once(tmp_path: Path) -> None:
+    """One stuck process must not hold up every later disposal: it is named, then passed by."""
+    async with Evaluator(config()):
+        orphan = await _orphan(tmp_path, lives=120)
+        try:
+            assert await await_orphans("bwrap", 0.2) == {orphan}
+            with anyio.fail_after(30):  # a bound, not a speed: waiting for it would take 60 s
+                assert await await_orphans("bwrap", 60, besides=frozenset({orphan})) == {orphan}
+        finally:
+            os.kill(orphan, signal.SIGKILL)
+        with anyio.fail_after(10):  # once it dies, it is reaped all the same
+            assert await await_orphans("bwrap", 5) == frozenset()
+        assert not alive(orphan)
+
+
+async def _orphan(tmp_path: Path, *, lives: int) -> int:
+    """A running orphan of this process named bwrap (a fork of a fake bwrap, with no child of
+    its own to leave behind), which exits after ``lives`` seconds."""
+    fake = tmp_path / "bwrap"
+    fake.write_text(
+        f"#!{sys.executable} -I\n"
+        "import os, time\n"
+        "if pid := os.fork():\n"
+        "    print(pid)\n"
+        "else:\n"
+        "    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)\n"
+        "    os.dup2(1, 2)\n"
+        f"    time.sleep({lives})\n"
+    )
+    fake.chmod(0o755)
+    process = JailedProcess.spawn(LaunchSpec(), cgroup=None)
+    try:
+        process.release([str(fake)], 10)
+        outcome = await process.wait(1000)
+    finally:
+        await process.aclose()
+    orphan = int(outcome.output)
+    assert _parent(orphan) == os.getpid()  # an orphan of ours, still running
+    return orphan
 
 
 def _parent(pid: int) -> int:
