@@ -18,7 +18,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["Orphans", "alive", "await_orphans", "reap_orphans", "reap_owned", "spawn_owned"]
+__all__ = [
+    "Orphans",
+    "Status",
+    "alive",
+    "await_orphans",
+    "reap_orphans",
+    "reap_owned",
+    "spawn_owned",
+    "status",
+]
 
 # Spawns, reaps and orphan scans happen under this lock, so that a pid seen outside ``_owned`` by
 # reap_orphans cannot be (or become, by pid reuse) a child that an owner is about to reap.
@@ -33,6 +42,25 @@ class Orphans(NamedTuple):
 
     reaped: int
     running: frozenset[int]
+
+
+class Status(NamedTuple):
+    """A process's name (``comm``), state (``R``, ``S``, ``Z``...) and parent's pid."""
+
+    name: str
+    state: str
+    parent: int
+
+
+def status(pid: int) -> Status | None:
+    """What ``/proc/<pid>/stat`` says of a process; ``None`` when there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+    state, parent = stat[stat.rindex(")") + 2 :].split()[:2]
+    return Status(stat[stat.index("(") + 1 : stat.rindex(")")], state, int(parent))
 
 
 def alive(pid: int) -> bool:
@@ -112,16 +140,10 @@ def reap_orphans(command: str) -> Orphans:
         for pid in _children():
             if pid in _owned:
                 continue
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
+            found = status(pid)
+            if found is None or found.parent != me or found.name != command:
                 continue
-            # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-            if int(ppid) != me or comm != command:
-                continue
-            if state != "Z":
+            if found.state != "Z":
                 running.add(pid)
                 continue
             try:

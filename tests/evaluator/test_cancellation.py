@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ import httpx
 import pytest
 
 from evaluator import Evaluator, create_app
+from evaluator.procfs import status
 from snekbox_client import EvalRequest
 from tests.support import serve
 
@@ -37,12 +37,14 @@ def _run_processes() -> set[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
+        process = status(int(entry.name))
         try:
-            stat = (entry / "stat").read_text()
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if process is None:
+            continue
+        parents[int(entry.name)] = process.parent
         if _MARKER.encode() in cmdline:
             marked.add(int(entry.name))
     me = os.getpid()
@@ -80,13 +82,8 @@ async def _until_gone(pids: set[int]) -> None:
 
 def _describe(pids: set[int]) -> str:
     """Each of ``pids`` that exists: its name, state and parent (and which pid is ours)."""
-    left = {}
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            state, parent = stat[stat.rindex(")") + 2 :].split()[:2]
-            left[pid] = (stat[stat.index("(") + 1 : stat.rindex(")")], state, int(parent))
-    return f"{left} (pid: (name, state, parent)); this process is {os.getpid()}"
+    left = {pid: found for pid in pids if (found := status(pid)) is not None}
+    return f"{left}; this process is {os.getpid()}"
 
 
 async def _cancel_once_running(call: Callable[[], Awaitable[object]]) -> set[int]:

@@ -13,7 +13,7 @@ import httpx
 
 from evaluator import Evaluator, create_app
 from evaluator.jail import JailedProcess, LaunchSpec
-from evaluator.procfs import alive, await_orphans, owned, reap_orphans
+from evaluator.procfs import alive, await_orphans, owned, reap_orphans, status
 from snekbox_client import EvalRequest
 
 from .conftest import config
@@ -132,13 +132,9 @@ async def _orphan(tmp_path: Path, *, lives: int) -> int:
     finally:
         await process.aclose()
     orphan = int(outcome.output)
-    assert _parent(orphan) == os.getpid()  # an orphan of ours, still running
+    found = status(orphan)
+    assert found is not None and found.parent == os.getpid()  # an orphan of ours, still running
     return orphan
-
-
-def _parent(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
 async def test_a_launcher_mounts_its_working_directory_or_says_why(tmp_path: Path) -> None:

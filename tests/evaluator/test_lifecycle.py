@@ -12,6 +12,7 @@ import pytest
 
 from evaluator import Evaluator, SandboxUnavailable
 from evaluator.cgroups import _cgroup_mounts, _own_v1_cgroup
+from evaluator.procfs import status
 from snekbox_client import EvalRequest
 from tests.support import memory_is_a_cgroup
 
@@ -64,7 +65,7 @@ def _leftovers(evaluator_pid: int, root: Path) -> dict[str, list[str]]:
                 continue
             # Sandbox processes only: services that other tests' fixtures run are children too.
             sandbox = b"_launcher.py" in command or stat.split(" ", 2)[1] == "(bwrap)"
-            if sandbox and int(stat[stat.rindex(")") + 2 :].split()[1]) == me:
+            if sandbox and (found := status(int(entry.name))) is not None and found.parent == me:
                 children.append(stat)
     return {"cgroups": cgroups, "mounts": mounts, "dirs": [str(root)] * root.exists(),
             "children": children}  # fmt: skip

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from evaluator.procfs import status
 from tests.support import closed_port
 
 #: What a Streamable HTTP client must accept, and the protocol version of the classic handshake.
@@ -212,14 +213,11 @@ def descendants(pid: int) -> dict[int, str]:
     todo = _children(pid)
     while todo:
         child = todo.pop()
-        try:
-            with open(f"/proc/{child}/stat") as f:
-                stat = f.read()
-        except (FileNotFoundError, ProcessLookupError):
+        process = status(child)
+        if process is None:
             continue
-        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
-        if state != "Z":
-            found[child] = name
+        if process.state != "Z":
+            found[child] = process.name
         todo += _children(child)
     return found
 
