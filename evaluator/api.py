@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from snekbox_client import (
     CONTENT_WANTED_FIELD,
+    END_SESSIONS_FIELD,
     PACKAGES_FIELD,
     SESSION_FIELD,
     SESSION_RESUME_FIELD,
@@ -53,6 +54,7 @@ __all__ = ["MAX_JSON_STRUCTURE", "REQUEST_SCHEMA", "create_app", "parse_request"
 
 log = logging.getLogger(__name__)
 
+_SESSION_PATTERN = "^[A-Za-z0-9_-]{1,64}$"
 #: Snekbox's request schema. The path pattern rejects a leading ``/`` and the two characters
 #: ``\0`` (a literal backslash-zero, as Snekbox's own tests expect).
 REQUEST_SCHEMA: dict[str, Any] = {
@@ -72,10 +74,16 @@ REQUEST_SCHEMA: dict[str, Any] = {
             },
         },
         "executable_path": {"type": "string"},
-        # This project's extensions (see snekbox_client.TIME_LIMIT_FIELD, SESSION_FIELD).
+        # This project's extensions (see snekbox_client.TIME_LIMIT_FIELD, SESSION_FIELD,
+        # END_SESSIONS_FIELD, PACKAGES_FIELD).
         "time_limit": {"type": "number", "exclusiveMinimum": 0},
-        "session": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+        "session": {"type": "string", "pattern": _SESSION_PATTERN},
         "session_resume": {"type": "boolean"},
+        "end_sessions": {
+            "type": "array",
+            "items": {"type": "string", "pattern": _SESSION_PATTERN},
+            "maxItems": 64,
+        },
         "packages": {
             "type": "array",
             "items": {"type": "string", "minLength": 1, "maxLength": 200},
@@ -165,6 +173,7 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
         time_limit=body.get(TIME_LIMIT_FIELD),
         session=body.get(SESSION_FIELD),
         session_resume=body.get(SESSION_RESUME_FIELD, False),
+        end_sessions=tuple(body.get(END_SESSIONS_FIELD, ())),
         packages=tuple(body.get(PACKAGES_FIELD, ())),
     )
 
@@ -207,6 +216,7 @@ def check_request(request: EvalRequest, *, max_files: int) -> None:
             (TIME_LIMIT_FIELD, request.time_limit),
             (SESSION_FIELD, request.session),
             (SESSION_RESUME_FIELD, request.session_resume or None),
+            (END_SESSIONS_FIELD, list(request.end_sessions) or None),
             (PACKAGES_FIELD, list(request.packages) or None),
         )
         if value is not None

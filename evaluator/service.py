@@ -346,12 +346,15 @@ class Evaluator:
             SessionNotFound: the request resumes a session that is not live here.
             RuntimeError: :meth:`start` was not called, or :meth:`aclose` was.
 
-        When the awaiting task is cancelled, the run's process tree is SIGKILLed before the
-        cancellation goes on; its sandbox is disposed of in the background, as after any run.
+        The live sessions ``request.end_sessions`` names are ended first, whatever becomes of
+        the run. When the awaiting task is cancelled, the run's process tree is SIGKILLed before
+        the cancellation goes on; its sandbox is disposed of in the background, as after any run.
         """
         pool = self._pool
         if not self._started or self._closing or pool is None:
             raise RuntimeError("the evaluator is not running: call start() first")
+        for closed in request.end_sessions:  # before anything else: they made room for this one
+            await self.end_session(closed)
         command = [self._executable(request.executable_path), *_lstrip_empty(request.argv)]
         if any("\0" in arg for arg in command):
             return EvalResult("ValueError: embedded null byte", None)

@@ -96,6 +96,10 @@ class Gateway:
             ),
         )
         self._endings: set[asyncio.Task[None]] = set()
+        # Interpreters (name, replica) of sessions closed to make room for a new session: the
+        # next request to their replica ends them first (see _evaluate), else a DELETE does
+        # once the call that closed them ends.
+        self._evicted: list[tuple[str, str | None]] = []
         self._client: SnekboxClient | InProcessClient | None = None
         self._builtin: evaluator.Evaluator | None = None
         #: What the service offers, as it says (see :mod:`gateway.backend`).
@@ -458,6 +462,8 @@ class Gateway:
             logger.exception("%s failed in the gateway itself", TOOL_NAME)
             raise ToolError(GATEWAY_FAILED) from exc
         finally:
+            while self._evicted:  # no request carried them (refused, or another replica)
+                self._end_in_background(*self._evicted.pop())
             self.active_calls -= 1
             if self._call_ended is not None:
                 self._call_ended.set()
@@ -489,7 +495,10 @@ class Gateway:
             return
         if self.settings.session_secret and why in ("expired", "evicted"):
             return
-        self._end_in_background(session)
+        if why == "evicted":  # by a call starting a session, whose request will carry it
+            self._evicted.append((session.name, session.replica))
+            return
+        self._end_in_background(session.name, session.replica)
 
     def _abandon_interpreter(self, session: CodeSession) -> None:
         """A call sent to ``session``'s interpreter ended without its answer (cancelled: its
@@ -497,13 +506,13 @@ class Gateway:
         interpreter, and is told to here as well (one it already ended is no error), so that
         the next call starts a new one with the session's files rather than finding it gone,
         and its result says why."""
-        self._end_in_background(session)
+        self._end_in_background(session.name, session.replica)
         session.live = session.prelude_loaded = False
         session.abandoned = True
 
-    def _end_in_background(self, session: CodeSession) -> None:
-        """End ``session``'s interpreter without waiting; the next evaluation waits for it."""
-        task = asyncio.ensure_future(self._end_in_evaluator(session.name, session.replica))
+    def _end_in_background(self, name: str, replica: str | None) -> None:
+        """End a session's interpreter without waiting; the next evaluation waits for it."""
+        task = asyncio.ensure_future(self._end_in_evaluator(name, replica))
         self._endings.add(task)
         task.add_done_callback(self._endings.discard)
 
@@ -735,7 +744,9 @@ class Gateway:
                 "The gateway is shutting down; the code did not run. Retry in a few seconds.",
             )
         running = 0
-        if self._endings:  # a session evicted for this one ends first, not one the gateway holds
+        # Interpreters being ended go first: an abandoned one before its session starts another,
+        # a closed one (ended, expired) before this call may need its room.
+        if self._endings:
             await asyncio.gather(*self._endings, return_exceptions=True)
         try:
             async with self.admission.slot():
@@ -758,6 +769,7 @@ class Gateway:
                         self.sessions.place(session, replica)  # its handle names the replica
                     session.replica = replica
                 later = live and session.live and session.prelude_loaded
+                ending = self._take_evicted(session.replica) if live else ()
                 sent = tuple(File(p, c) for p, c in carried.items())
                 request = plotting.build_request(code, later_cell=later)
                 request = replace(
@@ -767,6 +779,7 @@ class Gateway:
                     time_limit=time_limit if self._limits_time else None,
                     session=session.name if live else None,
                     session_resume=live and session.live,
+                    end_sessions=ending,
                     executable_path=choices.python.executable_path if choices.python else None,
                     packages=choices.packages,
                 )
@@ -784,8 +797,10 @@ class Gateway:
                             result = await self.client.eval(
                                 request, replica=session.replica, extra_time=extra_time
                             )
-                    except asyncio.CancelledError:
-                        if live:
+                    except BaseException as exc:
+                        # Whether the service ended them is unknown: the call's end does.
+                        self._evicted += ((name, session.replica) for name in ending)
+                        if live and isinstance(exc, asyncio.CancelledError):
                             self._abandon_interpreter(session)
                         raise
                     return result
@@ -818,6 +833,14 @@ class Gateway:
             self.metrics.evaluator_errors.labels(kind).inc()
             message = explain(exc, running=running, workers=self.settings.backend_workers)
             raise ServiceFailure(kind, message) from exc
+
+    def _take_evicted(self, replica: str | None) -> tuple[str, ...]:
+        """The interpreters of closed sessions on ``replica`` that a request there is to end
+        before its own run (``end_sessions``): no round trip of their own, and the service,
+        at its cap, ends those rather than another to make room for the new session."""
+        taken = tuple(name for name, where in self._evicted if where == replica)
+        self._evicted = [(name, where) for name, where in self._evicted if where != replica]
+        return taken
 
     async def _report_progress(self, ctx: Context[Any, Any], started: float) -> None:
         """Tell a client that asked for progress that the call is alive (a no-op otherwise)."""

@@ -35,6 +35,7 @@ from ._exceptions import (
 )
 from ._models import (
     CONTENT_WANTED_FIELD,
+    END_SESSIONS_FIELD,
     ENDED_BY_FIELD,
     INSTALL_SECONDS_FIELD,
     INSTALLED_FIELD,
@@ -56,6 +57,7 @@ __all__ = [
     "CONTENT_WANTED_FIELD",
     "DEFAULT_TIMEOUT",
     "ENDED_BY_FIELD",
+    "END_SESSIONS_FIELD",
     "INSTALLED_FIELD",
     "INSTALL_SECONDS_FIELD",
     "PACKAGES_FIELD",

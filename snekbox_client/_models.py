@@ -16,6 +16,7 @@ from ._exceptions import InvalidResponse
 __all__ = [
     "CONTENT_WANTED_FIELD",
     "ENDED_BY_FIELD",
+    "END_SESSIONS_FIELD",
     "INSTALLED_FIELD",
     "INSTALL_SECONDS_FIELD",
     "PACKAGES_FIELD",
@@ -44,6 +45,8 @@ SESSION_FIELD = "session"
 SESSION_ENDED_FIELD = "session_ended"
 #: The request field of :attr:`EvalRequest.session_resume`.
 SESSION_RESUME_FIELD = "session_resume"
+#: The request field of :attr:`EvalRequest.end_sessions`.
+END_SESSIONS_FIELD = "end_sessions"
 
 #: The request field of :attr:`EvalRequest.packages`, and the answer's of
 #: :attr:`EvalResult.installed` (the pins, space-separated) and :attr:`EvalResult.install_seconds`:
@@ -163,8 +166,12 @@ class EvalRequest:
     does not hold; Snekbox ignores the field and runs it one-shot). ``session_resume``: the
     session must be live already: the built-in evaluator answers 404 "Session not found"
     rather than start a fresh interpreter, so that lost variables are never a surprise.
-    ``packages``: PEP 508 requirements the built-in evaluator installs outside the sandbox and
-    puts on ``sys.path`` (in a session, for the rest of it); Snekbox ignores the field.
+    ``end_sessions``: live sessions the built-in evaluator ends before it runs this (unknown
+    ones are no error): a caller that closed them to make room for this one's session has them
+    ended first, in the same request, so that the service does not make room itself by ending
+    another; Snekbox ignores the field. ``packages``: PEP 508 requirements the built-in
+    evaluator installs outside the sandbox and puts on ``sys.path`` (in a session, for the rest
+    of it); Snekbox ignores the field.
     """
 
     input: str | None = None
@@ -175,6 +182,7 @@ class EvalRequest:
     time_limit: float | None = None
     session: str | None = None
     session_resume: bool = False
+    end_sessions: Sequence[str] = ()
     packages: Sequence[str] = ()
 
     def __post_init__(self) -> None:
@@ -208,6 +216,8 @@ class EvalRequest:
             body[SESSION_FIELD] = self.session
         if self.session_resume:
             body[SESSION_RESUME_FIELD] = True
+        if self.end_sessions:
+            body[END_SESSIONS_FIELD] = list(self.end_sessions)
         if self.packages:
             body[PACKAGES_FIELD] = list(self.packages)
         return body

@@ -233,6 +233,33 @@ async def test_a_resumed_session_that_is_not_held_is_not_started_afresh(
     assert evaluator.live_sessions == 0  # neither refusal started one
 
 
+async def test_a_request_ends_the_sessions_it_names_before_it_runs(evaluator: Evaluator) -> None:
+    """``end_sessions``: a caller that closed sessions to make room for a new one has them
+    ended by the new one's request, first: at its cap of two, the service then needs to end no
+    other (here the longest idle, which its own choice would have been)."""
+    await cell(evaluator, "kept", "x = 'kept'")
+    await cell(evaluator, "closed", "x = 'closed'")
+    new = await cell(evaluator, "new", "print('new')", end_sessions=("closed", "never-held"))
+    assert (new.stdout, new.returncode) == ("new\n", 0)
+    assert (await cell(evaluator, "kept", "print(x)", session_resume=True)).stdout == "kept\n"
+    with pytest.raises(SessionNotFound, match="'closed'"):
+        await cell(evaluator, "closed", "print(x)", session_resume=True)
+    # Ended whatever becomes of the run: here, one refused because its session is not held.
+    with pytest.raises(SessionNotFound):
+        await cell(evaluator, "gone", "1", session_resume=True, end_sessions=("kept",))
+    assert evaluator.live_sessions == 1
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(create_app(evaluator)), base_url="http://evaluator"
+    ) as http:
+        body = {"input": "print(1)", "session": "new", "end_sessions": ["new"]}
+        over_http = await http.post("/eval", json=body)  # ended, then started afresh
+        assert over_http.status_code == 200 and over_http.json()["stdout"] == "1\n"
+        for bad in ("new", ["../x"], [1], ["a"] * 65):
+            refused = await http.post("/eval", json={**body, "end_sessions": bad})
+            assert refused.status_code == 400, bad
+    assert evaluator.live_sessions == 1
+
+
 async def test_a_resumed_session_that_ends_while_its_run_waits_is_not_started_afresh() -> None:
     """The check is made again once the run has its slot: a session ended (evicted, expired)
     while its run queued is refused, not replaced by an empty interpreter."""

@@ -163,6 +163,25 @@ async def test_an_ended_or_evicted_session_ends_its_interpreter(
         assert gateway.sessions.max_sessions == 3
 
 
+async def test_a_session_closed_by_a_refused_call_still_ends_its_interpreter(
+    live_gateway: tuple[str, Any], transport: str
+) -> None:
+    """A call that starts a session at the cap closes the longest idle one, whose interpreter
+    its request would end: refused before any request, the call ends it on its way out."""
+    url, app = live_gateway
+    async with connect(url, transport) as client:
+        for n in range(3):  # the gateway's cap, and the evaluator's: every other one is closed
+            facts(await call_code(client, f"n = {n}"))
+        with anyio.fail_after(30):
+            while live_count(app) < 3:  # noqa: ASYNC110 - those closed end in the background
+                await anyio.sleep(0.05)
+        refused = await call_code(client, "print(1)", python="0.1")
+        assert refused.is_error and "is not offered here" in text_of(refused)
+        with anyio.fail_after(30):
+            while live_count(app) > 2:  # noqa: ASYNC110 - ended in the background
+                await anyio.sleep(0.05)
+
+
 async def test_the_readmes_three_call_analysis(
     live_gateway: tuple[str, Any], transport: str
 ) -> None:

@@ -17,6 +17,7 @@ import pytest
 from mcp import Client, MCPError
 
 from python_mcp_server import Settings, create_app
+from snekbox_client import EvalRequest, SnekboxClient
 from tests.gateway.conftest import evaluator_service, gateway, with_time_limit
 from tests.support import call_code, closed_port, connect, facts, serve, text_of
 
@@ -88,6 +89,32 @@ async def test_a_service_restart_loses_the_interpreter_not_the_files(
                 client, "import os\nprint(sorted(os.listdir()))", session_id=session_id
             )
             assert "ran.txt" not in text_of(listed)
+
+
+async def test_a_session_closed_for_a_new_one_ends_before_the_new_one_starts(
+    settings: Settings, transport: str
+) -> None:
+    """At its cap the gateway closes its longest idle session for a new one, whose request to
+    the service ends that interpreter first: the service (cap 4), full, then ends no other to
+    make room. Here the other would have been another client's, the longest idle there."""
+    small = settings.model_copy(update={"max_code_sessions": 3})
+    async with contextlib.AsyncExitStack() as stack:
+        url = stack.enter_context(evaluator_service(TIME_LIMIT, sessions=True))
+        other = await stack.enter_async_context(SnekboxClient(url))
+        mine = EvalRequest(input="x = 'mine'", session="another-client")
+        assert (await other.eval(mine)).returncode == 0
+        client = await stack.enter_async_context(
+            connect(stack.enter_context(gateway_at(small, url)), transport)
+        )
+        ids = [facts(await call_code(client, f"n = {n}"))["session_id"] for n in range(4)]
+        evicted = await call_code(client, "print(n)", session_id=ids[0])
+        assert evicted.is_error and "to make room" in text_of(evicted)
+        for n, session_id in list(enumerate(ids))[1:]:
+            assert text_of(await call_code(client, "print(n)", session_id=session_id)).startswith(
+                f"{n}\n"
+            )
+        resumed = EvalRequest(input="print(x)", session="another-client", session_resume=True)
+        assert (await other.eval(resumed)).stdout == "mine\n"
 
 
 async def test_gateway_replicas_with_one_secret_serve_each_others_sessions(
