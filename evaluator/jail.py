@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import fcntl
 import logging
 import marshal
 import os
@@ -53,6 +54,9 @@ _MASKED_PROC_FILES = ("/proc/cmdline",)
 INVALID_UTF8 = "UnicodeDecodeError: invalid Unicode in output pipe"
 # Seconds to wait for the output to end after the process exited, and for a kill to take effect.
 _DRAIN_GRACE, _KILL_GRACE = 0.5, 5.0
+# Bytes read from an output pipe at a time; the default /proc/sys/fs/pipe-max-size, the most an
+# unprivileged process can give its pipe.
+_READ_SIZE, _PIPE_MAX_SIZE = 65536, 1 << 20
 # The watchdog thread kills a run this long after its time limit if the event loop, stalled,
 # has not done it already.
 _WATCHDOG_MARGIN = 0.25
@@ -448,7 +452,7 @@ class JailedProcess:
         def on_output() -> None:
             nonlocal ended_by
             try:
-                chunk = os.read(output_fd, 65536)
+                chunk = os.read(output_fd, _READ_SIZE)
             except BlockingIOError:
                 return
             if not chunk:
@@ -539,7 +543,7 @@ class JailedProcess:
 
         def on_output() -> None:
             try:
-                chunk = os.read(output_fd, 65536)
+                chunk = os.read(output_fd, _READ_SIZE)
             except BlockingIOError:
                 return
             if not chunk:
@@ -585,14 +589,8 @@ class JailedProcess:
         finally:
             for fd in (output_fd, status_fd, self._pidfd):
                 loop.remove_reader(fd)
-        while True:  # what the cell wrote before its status is in the pipe by now
-            try:
-                chunk = os.read(output_fd, 65536)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            output.extend(chunk[: max(output_limit - len(output), 0)])
+        # What the cell wrote before its status is in the pipe by now.
+        read_what_the_pipe_holds(output_fd, output, output_limit)
         if len(status) == 4 and self.alive:
             return Outcome(int.from_bytes(status, "big", signed=True), bytes(output), ended_by)
         # The agent is gone (or closed its status pipe): bwrap follows it in a moment.
@@ -712,6 +710,25 @@ class JailedProcess:
         finally:
             loop.remove_reader(self._pidfd)
         return exited.done()
+
+
+def read_what_the_pipe_holds(fd: int, output: bytearray, limit: int) -> None:
+    """Read the non-blocking pipe ``fd`` into ``output`` (kept to ``limit`` bytes) until it is
+    empty, or a full pipe's worth has come: a writer that goes on (a thread of a session's cell,
+    after the cell's status) would otherwise hold the service's loop here as long as it writes.
+    """
+    try:
+        capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except OSError:  # not a pipe
+        capacity = _PIPE_MAX_SIZE
+    for _ in range(capacity // _READ_SIZE + 1):
+        try:
+            chunk = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        if not chunk:
+            return
+        output.extend(chunk[: max(limit - len(output), 0)])
 
 
 def _write_args(fd: int, args: Sequence[str], marker: bytes = _RELEASE) -> None:

@@ -9,6 +9,7 @@ import select
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import anyio
 import httpx
@@ -16,6 +17,7 @@ import pytest
 
 import plotting
 from evaluator import Evaluator, SessionNotFound, _agent, create_app
+from evaluator.jail import read_what_the_pipe_holds
 from snekbox_client import EvalRequest, EvalResult, File
 
 from . import isolation
@@ -342,6 +344,51 @@ def test_a_warm_agent_told_to_become_a_session_finds_its_first_cell_behind() -> 
         os.close(status_r)
         if agent.stdout is not None:
             agent.stdout.close()
+
+
+async def test_a_cell_that_writes_its_own_status_and_floods_holds_up_nothing(
+    evaluator: Evaluator,
+) -> None:
+    """Code can write a status of its own (the agent's pipe is its process's) and go on
+    writing: the cell is answered at once, the output that follows is the next cell's (which
+    it takes past the output limit, ending the session as a flood does), and other sessions
+    are served all along."""
+    spoof = (
+        "import os, threading\nos.write(6, (0).to_bytes(4, 'big'))\n"
+        "def flood():\n    while True:\n        os.write(1, b'x' * 65536)\n"
+        "for _ in range(3):\n    threading.Thread(target=flood, daemon=True).start()\nflood()"
+    )
+    answered = await cell(evaluator, "spoof", spoof)
+    assert (answered.returncode, answered.session_ended) == (0, False)
+    assert (await cell(evaluator, "other", "print('served')")).stdout == "served\n"
+    flooded = await cell(evaluator, "spoof", "print('next')")
+    assert (flooded.ended_by, flooded.session_ended) == ("output_limit", True)
+
+
+def test_what_is_read_after_a_cells_status_is_a_pipes_worth_at_most(tmp_path: Path) -> None:
+    """After a cell's status, its output pipe is read until empty, not for as long as a writer
+    keeps it full (which a loop can lose to several writers): here a 64 MiB file, which never
+    runs dry, stands for that writer."""
+    data = os.urandom(50_000)
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.write(write_end, data)
+    output = bytearray()
+    read_what_the_pipe_holds(read_end, output, 1_000_000)
+    assert output == data  # what the cell wrote before its status: all of it
+    os.close(read_end)
+    os.close(write_end)
+    endless = tmp_path / "endless"
+    with endless.open("wb") as file:
+        file.truncate(64 << 20)
+    fd = os.open(endless, os.O_RDONLY)
+    try:
+        output.clear()
+        read_what_the_pipe_holds(fd, output, 1000)
+        assert len(output) == 1000
+        assert os.lseek(fd, 0, os.SEEK_CUR) <= (1 << 20) + 65536
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
