@@ -116,7 +116,13 @@ class CodeSession:
 
     @property
     def size(self) -> int:
-        return sum(len(content) for content in self.files.values())
+        """The bytes its files take of its room (see :func:`held_bytes`)."""
+        return sum(held_bytes(path, len(content)) for path, content in self.files.items())
+
+    def held(self, path: str) -> int:
+        """The bytes the file at ``path`` takes now (0: there is none)."""
+        content = self.files.get(path)
+        return 0 if content is None else held_bytes(path, len(content))
 
     def keep(self, path: str, content: bytes) -> None:
         """Hold ``path``'s content. A file there now means that none of its folders is a file
@@ -290,6 +296,12 @@ class CodeSessions:
     def _count_open(self) -> int:
         self.expire()
         return len(self._open)
+
+
+def held_bytes(path: str, size: int) -> int:
+    """What a file of ``size`` bytes at ``path`` takes of a session's room: its name counts too,
+    or code could have the gateway keep thousands of long names of empty files."""
+    return len(path.encode("utf-8", "surrogatepass")) + size
 
 
 def file_uri(session_id: str, path: str) -> str:

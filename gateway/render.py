@@ -228,7 +228,7 @@ def compose(
     if session is not None and dropped:
         lines.append(
             f"[not kept by the gateway, which keeps at most {session.max_bytes:,} bytes of a "
-            "session's files (or returned only in part), so without a uri: "
+            "session's files, names included (or returned only in part), so without a uri: "
             f"{listing(fitting(dropped, chars), chars)}]"
         )
     absent = [FileInfo(path=quote(path), size=size) for path, size in facts.not_returned]

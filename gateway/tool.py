@@ -47,7 +47,7 @@ from .admission import Admission, Busy
 from .backend import START_PROBE_TIMEOUT, Backend
 from .budget import INLINE_FILE_BYTES
 from .choices import MAX_PACKAGES, ChoiceRefused, Choices, Offer, choose, script_metadata
-from .code_sessions import CodeSession, CodeSessions, SessionGone, SessionsBusy
+from .code_sessions import CodeSession, CodeSessions, SessionGone, SessionsBusy, held_bytes
 from .environment import CORE, ENVIRONMENT_URI, Environment
 from .failures import GATEWAY_FAILED, ServiceFailure, explain, failure_kind
 from .handles import SessionHandles
@@ -643,12 +643,13 @@ class Gateway:
             UploadRefused: they would.
         """
         limit = self.settings.max_session_bytes
-        replaced = sum(len(session.files.get(path, b"")) for path in uploads)
-        after = session.size - replaced + sum(map(len, uploads.values()))
+        replaced = sum(map(session.held, uploads))
+        added = sum(held_bytes(path, len(content)) for path, content in uploads.items())
+        after = session.size - replaced + added
         if uploads and after > limit:
             raise UploadRefused(
-                f"With these files the session would hold {after:,} bytes of files; it may hold "
-                f"{limit:,}. Send smaller files, or start a new session."
+                f"With these files the session would hold {after:,} bytes of files (their names "
+                f"included); it may hold {limit:,}. Send smaller files, or start a new session."
             )
 
     def _time_limit(self, asked: float | None) -> tuple[float | None, float | None]:
@@ -681,8 +682,8 @@ class Gateway:
                 session.files.pop(path, None)
         kept: dict[str, bool] = {}
         for file in returned.others:
-            old = len(session.files.get(file.path, b""))
-            fits = session.size - old + file.size <= self.settings.max_session_bytes
+            after = session.size - session.held(file.path) + held_bytes(file.path, file.size)
+            fits = after <= self.settings.max_session_bytes
             if file.complete and fits:
                 session.keep(file.path, file.content)
                 kept[file.path] = True

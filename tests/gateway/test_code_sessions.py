@@ -362,6 +362,25 @@ async def test_a_session_holds_a_bounded_amount_of_files(
         assert gone["stdout"] == f"{live}\n"
 
 
+async def test_the_names_of_a_sessions_files_take_its_room_too(
+    small_gateway: str, transport: str
+) -> None:
+    """Empty files with long names fill a session's 64 KiB as well: else code could have the
+    gateway keep thousands of names, in memory, at no cost."""
+    deep = "/".join(chr(ord("a") + level) * 250 for level in range(10))
+    code = (
+        f"import os\nos.makedirs({deep!r})\n"
+        f"for i in range(30):\n    open(f'{deep}/{{i:02}}' + 'f' * 200, 'w').close()"
+    )
+    name = len(f"{deep}/00" + "f" * 200)  # 2,712 bytes: 24 fit
+    async with connect(small_gateway, transport) as client:
+        result = await call_code(client, code)
+    written = facts(result)["files"]
+    dropped = [f for f in written if f["uri"] is None]
+    assert (len(written), len(dropped)) == (30, 30 - 65_536 // name)
+    assert "not kept by the gateway" in text_of(result)
+
+
 async def test_calls_queued_on_a_session_share_its_room(small_gateway: str, transport: str) -> None:
     """Room is counted once the call's turn comes: two calls queued together cannot both
     bring files that fit only one at a time."""
