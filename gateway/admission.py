@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 
@@ -101,6 +101,23 @@ class Admission:
         finally:
             turns.lock.release()
             turns.calls -= 1
+
+    @contextlib.contextmanager
+    def queued(self) -> Iterator[float]:
+        """Count a call as waiting, among ``max_waiting``, for the block (for what the call
+        waits for itself); the block is given its deadline, ``max_wait`` from now
+        (``anyio.current_time()``).
+
+        Raises:
+            Busy: the queue is full.
+        """
+        if self.waiting >= self.max_waiting:
+            raise Busy(f"{self.waiting} calls are waiting already")
+        self.waiting += 1
+        try:
+            yield anyio.current_time() + self.max_wait
+        finally:
+            self.waiting -= 1
 
     async def _wait_for_slot(self) -> None:
         if self.waiting >= self.max_waiting:

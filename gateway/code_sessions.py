@@ -34,7 +34,15 @@ from .admission import Turns
 from .handles import SessionHandles
 from .text import duration
 
-__all__ = ["URI_SCHEME", "CodeSession", "CodeSessions", "SessionGone", "SessionsBusy", "file_uri"]
+__all__ = [
+    "URI_SCHEME",
+    "CodeSession",
+    "CodeSessions",
+    "SessionGone",
+    "SessionsBusy",
+    "file_uri",
+    "held_bytes",
+]
 
 #: The scheme of the files' resource URIs: ``session://<session id>/<path, percent-encoded>``.
 URI_SCHEME = "session"
@@ -70,13 +78,16 @@ class SessionGone(Exception):
 
 
 class SessionsBusy(Exception):
-    """No session can start: every open one is running a call, and none is closed for it."""
+    """No session can start: every open one is running a call, and none is closed for it.
+    ``why``: what the call did about it (it waited in vain, or could not wait)."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, why: str = "") -> None:
+        self.count = count
+        during = f" ({why})" if why else ""
         super().__init__(
-            f"All {count} sessions this gateway keeps are running a call, so no new session can "
-            "start now; the code did not run. Retry in a few seconds, or continue a session "
-            "with its session_id once its call has answered."
+            f"All {count} sessions this gateway keeps are running a call{during}, so no new "
+            "session can start now; the code did not run. Retry in a few seconds, or continue "
+            "a session with its session_id once its call has answered."
         )
 
 

@@ -108,7 +108,9 @@ class Gateway:
         self.draining = False
         #: Tool calls between arrival and answer (admission counts only the evaluations).
         self.active_calls = 0
-        self._call_ended: anyio.Event | None = None
+        # Set, and replaced, whenever a call ends: for drained(), and for calls waiting for a
+        # session to end its call and make room (see _session).
+        self._call_ended = asyncio.Event()
 
     async def __aenter__(self) -> Gateway:
         settings = self.settings
@@ -391,7 +393,7 @@ class Gateway:
                     max_files=self.settings.max_upload_files,
                     max_bytes=self.settings.max_upload_bytes,
                 )
-                session = self._session(session_id)
+                session = await self._session(session_id)
                 self._check_room(session, uploads)
             except (UploadRefused, SessionGone) as exc:
                 outcome = "refused"
@@ -465,8 +467,7 @@ class Gateway:
             while self._evicted:  # no request carried them (refused, or another replica)
                 self._end_in_background(*self._evicted.pop())
             self.active_calls -= 1
-            if self._call_ended is not None:
-                self._call_ended.set()
+            self._wake()
             duration = time.monotonic() - started
             self.metrics.calls.labels(outcome).inc()
             self.metrics.duration.observe(duration)
@@ -485,6 +486,7 @@ class Gateway:
             self.sessions.end(session_id, _owner(), adopt=self.live_backend)
         except SessionGone as exc:
             raise ToolError(f"{exc.fate}: there is nothing to end.") from exc
+        self._wake()  # its room is free
         return f"The session {session_id!r} is ended; its files are gone."
 
     def _end_live_session(self, session: CodeSession, why: str | None) -> None:
@@ -616,16 +618,40 @@ class Gateway:
         session.python = choices.python.executable_path if choices.python else None
         session.packages = choices.packages
 
-    def _session(self, session_id: str | None) -> CodeSession:
-        """The call's session: the one it names, or a new one.
+    async def _session(self, session_id: str | None) -> CodeSession:
+        """The call's session: the one it names, or a new one. At the cap, with every session
+        running a call, the call waits as for an evaluation slot (among ``max_waiting``, at
+        most ``max_wait`` seconds) for a call to end, whose session then makes room.
 
         Raises:
             SessionGone: the one it names is not open.
+            SessionsBusy: no session ended its call within the wait, or the queue is full.
         """
         owner = _owner()
-        if session_id is not None:
-            return self.sessions.get(session_id, owner, adopt=self.live_backend)
-        return self.sessions.create(owner)
+
+        def attempt() -> CodeSession:
+            if session_id is not None:
+                return self.sessions.get(session_id, owner, adopt=self.live_backend)
+            return self.sessions.create(owner)
+
+        try:
+            return attempt()
+        except SessionsBusy:
+            pass
+        try:
+            with self.admission.queued() as deadline:
+                while True:
+                    ended = self._call_ended
+                    with anyio.move_on_after(max(deadline - anyio.current_time(), 0)):
+                        await ended.wait()
+                    try:
+                        return attempt()
+                    except SessionsBusy as exc:
+                        if anyio.current_time() >= deadline:
+                            waited = f"none ended it within {self.admission.max_wait:g} s"
+                            raise SessionsBusy(exc.count, waited) from None
+        except Busy as exc:
+            raise SessionsBusy(self.sessions.max_sessions, str(exc)) from None
 
     async def _choose_replica(self) -> str | None:
         """Where a new live interpreter is to start, among several replicas (else ``None``)."""
@@ -699,10 +725,14 @@ class Gateway:
             after_abandoned_call=abandoned,
         )
 
+    def _wake(self) -> None:
+        """Tell drained() and the calls waiting for room that a call ended."""
+        self._call_ended.set()
+        self._call_ended = asyncio.Event()
+
     async def drained(self) -> None:
         """Return once no tool call is in progress (set ``draining`` first, or it may never)."""
         while self.active_calls:
-            self._call_ended = anyio.Event()
             await self._call_ended.wait()
 
     async def _evaluate_with_progress(

@@ -8,6 +8,7 @@ Snekbox is: the gateway carries the files), over both transports.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import time
 from typing import Any
@@ -261,7 +262,7 @@ async def test_a_session_whose_call_runs_is_never_evicted(
     small_gateway: str, transport: str
 ) -> None:
     """At the cap, the longest idle session makes room, not a longer unused one that is
-    running a call; when every session is running one, a new session is refused, said why."""
+    running a call; when every session is running one, a new session waits for one to end."""
     slow = "import time\ntime.sleep(60)"
     async with connect(small_gateway, transport) as client:
         running = facts(await call_code(client, "1"))["session_id"]
@@ -287,9 +288,34 @@ async def test_a_session_whose_call_runs_is_never_evicted(
             group.start_soon(call, "first", running)
             group.start_soon(call, "second", third)
             await _calls_under_way(small_gateway, 2)
-            refused = await call_code(client, "print('ran')")
+            waited = await call_code(client, "print('ran')")  # until one ends (5 s limit)
+        assert facts(waited)["stdout"] == "ran\n"
+        assert all("time limit" in text_of(results[name]) for name in ("first", "second"))
+        closed = [await call_code(client, "1", session_id=s) for s in (running, third)]
+        assert sum("to make room" in text_of(result) for result in closed) == 1
+
+
+@pytest.mark.parametrize(("waiting", "why"), [(1, "none ended it within 0.5 s"), (0, "0 calls")])
+async def test_a_new_session_waits_for_room_within_the_bounds(
+    settings: Settings, transport: str, waiting: int, why: str
+) -> None:
+    """Every session running a call, a new one waits at most MCP_MAX_WAIT among
+    MCP_MAX_WAITING, then is refused, said why; nothing of it runs."""
+    bounded = settings.model_copy(
+        update={"max_code_sessions": 1, "max_wait": 0.5, "max_waiting": waiting}
+    )
+    with gateway(bounded, "in-process") as url:
+        async with connect(url, transport) as client, anyio.create_task_group() as group:
+            session_id = facts(await call_code(client, "1"))["session_id"]
+            slow = functools.partial(call_code, client, "import time; time.sleep(60)")
+            group.start_soon(functools.partial(slow, session_id=session_id))
+            await _calls_under_way(url, 1)
+            started = time.monotonic()
+            refused = await call_code(client, "open('ran', 'w')")
+            assert time.monotonic() - started >= 0.5 * waiting
             group.cancel_scope.cancel()
-        assert refused.is_error and "are running a call" in text_of(refused), text_of(refused)
+    assert refused.is_error and "All 1 sessions" in text_of(refused)
+    assert why in text_of(refused), text_of(refused)
 
 
 async def test_an_idle_session_expires(expiring_gateway: str, transport: str) -> None:
