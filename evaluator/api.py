@@ -54,6 +54,7 @@ __all__ = ["MAX_JSON_STRUCTURE", "REQUEST_SCHEMA", "create_app", "parse_request"
 
 log = logging.getLogger(__name__)
 
+# A live session's id: the request's session, and each of its end_sessions.
 _SESSION_PATTERN = "^[A-Za-z0-9_-]{1,64}$"
 #: Snekbox's request schema. The path pattern rejects a leading ``/`` and the two characters
 #: ``\0`` (a literal backslash-zero, as Snekbox's own tests expect).

@@ -350,19 +350,20 @@ async def test_a_cell_that_writes_its_own_status_and_floods_holds_up_nothing(
     evaluator: Evaluator,
 ) -> None:
     """Code can write a status of its own (the agent's pipe is its process's) and go on
-    writing: the cell is answered at once, the output that follows is the next cell's (which
-    it takes past the output limit, ending the session as a flood does), and other sessions
-    are served all along."""
+    writing without end: the cell is answered, at that status or at the output limit (whichever
+    the service reads first), and other sessions are served meanwhile. The output that follows
+    a status is the next cell's, which it takes past the limit, ending the interpreter as a
+    flood does: a cell after that runs in a new one."""
     spoof = (
         "import os, threading\nos.write(6, (0).to_bytes(4, 'big'))\n"
         "def flood():\n    while True:\n        os.write(1, b'x' * 65536)\n"
         "for _ in range(3):\n    threading.Thread(target=flood, daemon=True).start()\nflood()"
     )
     answered = await cell(evaluator, "spoof", spoof)
-    assert (answered.returncode, answered.session_ended) == (0, False)
+    assert answered.returncode in (0, 143)
     assert (await cell(evaluator, "other", "print('served')")).stdout == "served\n"
-    flooded = await cell(evaluator, "spoof", "print('next')")
-    assert (flooded.ended_by, flooded.session_ended) == ("output_limit", True)
+    later = [await cell(evaluator, "spoof", "print('next')") for _ in range(2)]
+    assert (later[-1].stdout, later[-1].returncode) == ("next\n", 0)
 
 
 def test_what_is_read_after_a_cells_status_is_a_pipes_worth_at_most(tmp_path: Path) -> None:
