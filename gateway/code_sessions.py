@@ -135,17 +135,25 @@ class CodeSession:
         content = self.files.get(path)
         return 0 if content is None else held_bytes(path, len(content))
 
-    def keep(self, path: str, content: bytes) -> None:
+    def keep(self, path: str, content: bytes) -> int:
         """Hold ``path``'s content. A file there now means that none of its folders is a file
         and that it is no folder: a file kept from before at either place is dropped, or every
-        later run would fail to write the session's files (a file where a folder must be)."""
+        later run would fail to write the session's files (a file where a folder must be).
+
+        Returns how many more bytes (see :attr:`size`) the session holds now: fewer if negative.
+        """
         parts = path.split("/")
-        for end in range(1, len(parts)):
-            self.files.pop("/".join(parts[:end]), None)
         beneath = path + "/"
-        for other in [name for name in self.files if name.startswith(beneath)]:
-            del self.files[other]
+        dropped = [
+            *("/".join(parts[:end]) for end in range(1, len(parts) + 1)),
+            *(name for name in self.files if name.startswith(beneath)),
+        ]
+        freed = 0
+        for name in dropped:
+            freed += self.held(name)
+            self.files.pop(name, None)
         self.files[path] = content
+        return held_bytes(path, len(content)) - freed
 
 
 class CodeSessions:

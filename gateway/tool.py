@@ -707,13 +707,14 @@ class Gateway:
             for path in returned.manifest.gone:
                 session.files.pop(path, None)
         kept: dict[str, bool] = {}
+        size = session.size  # kept up to date here: summing every file for each would cost n x m
         for file in returned.others:
-            after = session.size - session.held(file.path) + held_bytes(file.path, file.size)
-            fits = after <= self.settings.max_session_bytes
-            if file.complete and fits:
-                session.keep(file.path, file.content)
+            after = size - session.held(file.path) + held_bytes(file.path, file.size)
+            if file.complete and after <= self.settings.max_session_bytes:
+                size += session.keep(file.path, file.content)
                 kept[file.path] = True
             else:  # an older content is not this file any more
+                size -= session.held(file.path)
                 session.files.pop(file.path, None)
                 kept[file.path] = False
         abandoned, session.abandoned = session.abandoned, False
