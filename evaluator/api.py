@@ -37,6 +37,7 @@ from snekbox_client import (
     END_SESSIONS_FIELD,
     PACKAGES_FIELD,
     SESSION_FIELD,
+    SESSION_OWNER_FIELD,
     SESSION_RESUME_FIELD,
     TIME_LIMIT_FIELD,
     ContentWanted,
@@ -85,6 +86,7 @@ REQUEST_SCHEMA: dict[str, Any] = {
             "items": {"type": "string", "pattern": _SESSION_PATTERN},
             "maxItems": 64,
         },
+        "session_owner": {"type": "string", "pattern": _SESSION_PATTERN},
         "packages": {
             "type": "array",
             "items": {"type": "string", "minLength": 1, "maxLength": 200},
@@ -175,6 +177,7 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
         session=body.get(SESSION_FIELD),
         session_resume=body.get(SESSION_RESUME_FIELD, False),
         end_sessions=tuple(body.get(END_SESSIONS_FIELD, ())),
+        session_owner=body.get(SESSION_OWNER_FIELD),
         packages=tuple(body.get(PACKAGES_FIELD, ())),
     )
 
@@ -218,6 +221,7 @@ def check_request(request: EvalRequest, *, max_files: int) -> None:
             (SESSION_FIELD, request.session),
             (SESSION_RESUME_FIELD, request.session_resume or None),
             (END_SESSIONS_FIELD, list(request.end_sessions) or None),
+            (SESSION_OWNER_FIELD, request.session_owner),
             (PACKAGES_FIELD, list(request.packages) or None),
         )
         if value is not None

@@ -47,6 +47,8 @@ SESSION_ENDED_FIELD = "session_ended"
 SESSION_RESUME_FIELD = "session_resume"
 #: The request field of :attr:`EvalRequest.end_sessions`.
 END_SESSIONS_FIELD = "end_sessions"
+#: The request field of :attr:`EvalRequest.session_owner`.
+SESSION_OWNER_FIELD = "session_owner"
 
 #: The request field of :attr:`EvalRequest.packages`, and the answer's of
 #: :attr:`EvalResult.installed` (the pins, space-separated) and :attr:`EvalResult.install_seconds`:
@@ -169,9 +171,12 @@ class EvalRequest:
     ``end_sessions``: live sessions the built-in evaluator ends before it runs this (unknown
     ones are no error): a caller that closed them to make room for this one's session has them
     ended first, in the same request, so that the service does not make room itself by ending
-    another; Snekbox ignores the field. ``packages``: PEP 508 requirements the built-in
-    evaluator installs outside the sandbox and puts on ``sys.path`` (in a session, for the rest
-    of it); Snekbox ignores the field.
+    another; Snekbox ignores the field. ``session_owner``: whom a new session counts against
+    (an opaque name, e.g. a hash of the caller's client): at its cap, the built-in evaluator
+    makes room by ending the longest idle session of the owner holding the most, so that one
+    owner's flood ends its own sessions first; Snekbox ignores the field. ``packages``: PEP 508
+    requirements the built-in evaluator installs outside the sandbox and puts on ``sys.path``
+    (in a session, for the rest of it); Snekbox ignores the field.
     """
 
     input: str | None = None
@@ -183,6 +188,7 @@ class EvalRequest:
     session: str | None = None
     session_resume: bool = False
     end_sessions: Sequence[str] = ()
+    session_owner: str | None = None
     packages: Sequence[str] = ()
 
     def __post_init__(self) -> None:
@@ -218,6 +224,8 @@ class EvalRequest:
             body[SESSION_RESUME_FIELD] = True
         if self.end_sessions:
             body[END_SESSIONS_FIELD] = list(self.end_sessions)
+        if self.session_owner is not None:
+            body[SESSION_OWNER_FIELD] = self.session_owner
         if self.packages:
             body[PACKAGES_FIELD] = list(self.packages)
         return body
