@@ -17,9 +17,11 @@ from typing import Any
 
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.mcpserver.resources import ResourceSecurity
+from mcp.shared.uri_template import UriTemplate
 from mcp.types import ToolAnnotations
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -32,6 +34,7 @@ from starlette.routing import BaseRoute, Route
 from .code_sessions import URI_SCHEME, SessionGone
 from .edge import LoopbackGuard, RequestDeadline
 from .environment import ENVIRONMENT_URI
+from .render import mime_type
 from .sessions import SessionTable, StreamableSessions
 from .settings import Settings
 from .sse_sessions import SseSessions
@@ -132,10 +135,25 @@ def _add_tool(server: MCPServer[Any], gateway: Gateway) -> None:
 
 def _add_session_files(server: MCPServer[Any], gateway: Gateway) -> None:
     """The files of the open sessions as resources: ``session://<id>/<path>`` (see the tool's
-    ``files[].uri``); text as text, other bytes as a base64 blob."""
+    ``files[].uri``); text as text, other bytes as a base64 blob, each read with the MIME type
+    ``files[]`` gives it."""
+    template = f"{URI_SCHEME}://{{session_id}}/{{+path}}"
+    files = UriTemplate.parse(template)
+
+    async def typed(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        # The SDK reads every file with the template's one MIME type (text/plain); the chain
+        # passes the result in its wire form.
+        result = await call_next(ctx)
+        if ctx.method == "resources/read" and isinstance(result, dict):
+            for content in result.get("contents", ()):
+                if (found := files.match(str(content.get("uri")))) is not None:
+                    content["mimeType"] = mime_type(str(found["path"]))
+        return result
+
+    server.middleware.append(typed)
 
     @server.resource(
-        f"{URI_SCHEME}://{{session_id}}/{{+path}}",
+        template,
         name="session file",
         title="A file of a Python session",
         description="A file in the working directory of an open execute_python_code session.",

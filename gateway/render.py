@@ -3,9 +3,12 @@
 The text is the output (cleaned, possibly cut in the middle), a closing line that the output
 does not contain, then the gateway's own lines: the exit status in words, figures not returned
 and why, files written and files not returned, names quoted. Small text files the session kept
-follow the images as embedded resources, as ``resources/read`` would give them. The structured
-content holds the same facts under the published schema (:mod:`gateway.schema`). The serialized
-whole stays within the budget (:mod:`gateway.budget`).
+follow the images as embedded resources, as ``resources/read`` would give them, when they are
+text that the output's cleaning (:func:`~gateway.text.clean`) leaves as it is: a file holding
+what output may not (a carriage return, a bidi override, an invisible tag character) is not
+inlined, and a line says so. The structured content holds the same facts under the published
+schema (:mod:`gateway.schema`). The serialized whole stays within the budget
+(:mod:`gateway.budget`).
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ from .code_sessions import file_uri
 from .facts import NOT_RETURNED, Facts
 from .schema import ExecutionResult, FileInfo, ImageInfo, WrittenFile
 from .settings import Settings
-from .text import MAX_LISTED, cut_middle, end_of_output, fitting, listing, quote, size
+from .text import MAX_LISTED, clean, cut_middle, end_of_output, fitting, listing, quote, size
 
-__all__ = ["SessionView", "compose", "render_result"]
+__all__ = ["SessionView", "compose", "mime_type", "render_result"]
 
 
 @dataclass
@@ -205,7 +208,7 @@ def compose(
         WrittenFile(
             path=quote(f.path),
             size=f.size,
-            mime_type=mimetypes.guess_type(f.path)[0] or "application/octet-stream",
+            mime_type=mime_type(f.path),
             uri=file_uri(session.id, f.path) if session and kept.get(f.path) else None,
         )
         for f in facts.files
@@ -213,7 +216,7 @@ def compose(
     listed = fitting([f'"{f.path}" ({size(f.size)})' for f in files], chars)
     if files:
         lines.append(f"[files written: {listing(listed, chars, total=len(files))}]")
-    inline = _inline_files(facts, files, cut.inline_bytes)
+    inline, unclean = _inline_files(facts, files, cut.inline_bytes)
     if inline:
         shown_inline = fitting([f'"{f.path}"' for f in inline], chars)
         lines.append(f"[shown below as resources: {listing(shown_inline, chars)}]")
@@ -224,6 +227,12 @@ def compose(
             )
             for f in inline
         ]
+    if unclean:
+        lines.append(
+            "[not shown inline, holding characters that output never shows (carriage returns, "
+            "bidi controls, invisible or control characters; print a file to see it cleaned, or "
+            f"read its uri for its exact bytes): {listing(unclean, chars)}]"
+        )
     dropped = [f'"{f.path}"' for f in files if session and f.uri is None]
     if session is not None and dropped:
         lines.append(
@@ -291,11 +300,24 @@ class _Inline:
     text: str
 
 
-def _inline_files(facts: Facts, files: list[WrittenFile], room: int) -> list[_Inline]:
-    """The written files shown inline: kept by the session (so they have a ``uri``), whole, at
-    most :data:`INLINE_FILE_BYTES` each and ``room`` in all, and plain text: UTF-8 with no
-    control character but tab and line ends (a file is shown as it is, or not at all)."""
-    chosen = []
+def mime_type(path: str) -> str:
+    """The MIME type of a session's file, by its name: one for ``files[]``, the inline
+    resources and ``resources/read``."""
+    return mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+
+def _inline_files(
+    facts: Facts, files: list[WrittenFile], room: int
+) -> tuple[list[_Inline], list[str]]:
+    """The written files shown inline, and the (quoted) names of those that would have been
+    but for characters output may not hold.
+
+    Shown: kept by the session (so they have a ``uri``), whole, at most
+    :data:`INLINE_FILE_BYTES` each and ``room`` in all, UTF-8, and as the output's cleaning
+    leaves them: a file is shown as it is (as ``resources/read`` gives it), or not at all.
+    """
+    chosen: list[_Inline] = []
+    unclean: list[str] = []
     for file, info in zip(facts.files, files, strict=True):
         if info.uri is None or not file.complete or file.size > min(INLINE_FILE_BYTES, room):
             continue
@@ -303,13 +325,11 @@ def _inline_files(facts: Facts, files: list[WrittenFile], room: int) -> list[_In
             text = file.content.decode("utf-8")
         except UnicodeDecodeError:
             continue
-        if not text or any(_is_control(c) for c in text):
+        if not text:
+            continue
+        if clean(text) != text:
+            unclean.append(f'"{info.path}"')
             continue
         chosen.append(_Inline(info.path, info.uri, info.mime_type, text))
         room -= file.size
-    return chosen
-
-
-def _is_control(char: str) -> bool:
-    code = ord(char)
-    return (code < 32 and char not in "\t\n\r") or 0x7F <= code < 0xA0
+    return chosen, unclean

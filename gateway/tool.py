@@ -410,7 +410,7 @@ class Gateway:
                         raise ToolError(str(self.sessions.gone(session.id)))
                     try:  # in its turn: as the call before left the session
                         self._check_room(session, uploads)
-                        choices = self._choices(code, python, packages, session)
+                        choices = await self._choices(code, python, packages, session)
                     except (UploadRefused, ChoiceRefused) as exc:
                         outcome = "refused"
                         raise ToolError(str(exc)) from exc
@@ -558,7 +558,7 @@ class Gateway:
             return "the evaluation service installs none; its operator adds packages to its image"
         return ""
 
-    def _choices(
+    async def _choices(
         self, code: str, python: str | None, packages: list[str] | None, session: CodeSession
     ) -> Choices:
         """The Python and packages of this call (see :mod:`gateway.choices`); in a live
@@ -574,7 +574,7 @@ class Gateway:
         choices = choose(
             python=python,
             packages=packages,
-            script=script_metadata(code),
+            script=await script_metadata(code),  # in a worker thread when there is a block
             offers=offers,
             # Turned off, the evaluator refuses them itself: a result, as any other refusal.
             installs=self.service_info.packages in ("any", "allow-list", "off"),
