@@ -101,8 +101,12 @@ class EvaluatorConfig(ExplicitSettings):
             ``preimport`` imported, each used by one run; 0 turns them off.
         max_sessions: Live sessions (a sandbox and its interpreter kept between runs, see
             :attr:`snekbox_client.EvalRequest.session`) at once; ``None``: half the memory over
-            ``memory_limit``.
+            what a session may hold (``memory_limit`` where a memory cgroup enforces it, else
+            more: see :func:`.limits.session_bytes`).
         session_idle_timeout: Seconds a live session may go without a run before it ends.
+        memory_reserve: Share of the host's memory (``MemTotal``) kept available: while
+            ``MemAvailable`` is below it, the live session holding the most memory is ended,
+            one a second (see :mod:`.watchdog`); 0 turns the watchdog off.
         max_request_files: Files a request may send in (Snekbox returns at most 100; more
             only cost the service time to validate).
         max_request_bytes: The largest request body. ``None``: the working directory's worth
@@ -200,7 +204,7 @@ class EvaluatorConfig(ExplicitSettings):
         Field(ge=0, le=100_000),
         Flag(
             "live sessions at once (the longest idle ends first); 0: none",
-            default="half the machine's memory over the memory limit",
+            default="half the machine's memory over what a session may hold",
         ),
     ] = None
     session_idle_timeout: Annotated[
@@ -208,6 +212,14 @@ class EvaluatorConfig(ExplicitSettings):
         Field(gt=0, le=7 * 86400),
         Flag("seconds a live session may go without a run before it ends"),
     ] = 900.0
+    memory_reserve: Annotated[
+        float,
+        Field(ge=0, lt=1),
+        Flag(
+            "share of the host's memory kept available: below it, the live session holding "
+            "the most memory ends; 0: off"
+        ),
+    ] = 0.1
     max_request_bytes: Annotated[
         int | None,
         Field(ge=1, le=1 << 40),
@@ -337,13 +349,19 @@ class EvaluatorConfig(ExplicitSettings):
 
     @property
     def session_limit(self) -> int:
+        """Live sessions at once, each counted at :attr:`memory_limit` (as a memory cgroup
+        enforces it; without one, the evaluator's ``session_limit`` counts more)."""
+        return self.sessions_within(self.memory_limit * MiB)
+
+    def sessions_within(self, session_bytes: int) -> int:
         """Live sessions at once: :attr:`max_sessions`, or as many as half the memory holds
-        (the machine's, or the service's own cgroup's when less: a container's ``mem_limit``)."""
+        (the machine's, or the service's own cgroup's when less: a container's ``mem_limit``)
+        at ``session_bytes`` each; at least one."""
         if self.max_sessions is not None:
             return self.max_sessions
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         total = min(total, own_memory_limit() or total)
-        return max(1, total // 2 // (self.memory_limit * MiB))
+        return max(1, total // 2 // session_bytes)
 
     @property
     def queue_limit(self) -> int:

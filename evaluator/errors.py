@@ -58,12 +58,12 @@ class SessionNotFound(EvaluatorError):
 
     title = "Session not found"
 
-    def __init__(self, session: str) -> None:
-        super().__init__(
-            f"No live session {session!r} is held here (it ended, expired, was evicted, or "
-            "this service restarted): nothing ran"
-        )
+    def __init__(self, session: str, reason: str | None = None) -> None:
+        """``reason``: why the service ended it, when it knows (the memory watchdog)."""
+        why = reason or "it ended, expired, was evicted, or this service restarted"
+        super().__init__(f"No live session {session!r} is held here ({why}): nothing ran")
         self.session = session
+        self.reason = reason
 
 
 class QueueFull(EvaluatorError):

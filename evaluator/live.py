@@ -95,6 +95,10 @@ class LiveSessions:
         """Sessions open now."""
         return len(self._open)
 
+    def sandboxes(self) -> dict[str, Sandbox]:
+        """The sandbox of each live session, by id (for the memory watchdog)."""
+        return {session_id: session.sandbox for session_id, session in self._open.items()}
+
     def sandbox_of(self, session_id: str) -> Sandbox | None:
         """The sandbox of the live session ``session_id`` (``None``: not live here)."""
         session = self._open.get(session_id)

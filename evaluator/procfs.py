@@ -10,6 +10,7 @@ every evaluator of the process shares the kernel's list of children.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import threading
@@ -23,6 +24,7 @@ __all__ = [
     "Status",
     "alive",
     "await_orphans",
+    "descendants",
     "reap_orphans",
     "reap_owned",
     "spawn_owned",
@@ -171,6 +173,42 @@ async def await_orphans(
         if running <= besides or time.monotonic() >= deadline:
             return running
         await asyncio.sleep(0.01)
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it, as far as they are still there.
+
+    Read from each thread's ``children`` file (CONFIG_PROC_CHILDREN), else from the parent of
+    every process on the system. An orphan inside a sandbox is still found: the sandbox's own
+    init (in its PID namespace) inherits it.
+    """
+    found = {pid}
+    try:
+        todo = [pid]
+        while todo:
+            parent = todo.pop()
+            with contextlib.suppress(FileNotFoundError):  # it is gone
+                for task in os.listdir(f"/proc/{parent}/task"):
+                    with contextlib.suppress(FileNotFoundError):
+                        text = Path(f"/proc/{parent}/task/{task}/children").read_text()
+                        for child in map(int, text.split()):
+                            if child not in found:
+                                found.add(child)
+                                todo.append(child)
+        return found
+    except PermissionError:
+        pass
+    parents: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (seen := status(int(name))) is not None:
+            parents.setdefault(seen.parent, []).append(int(name))
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def _children() -> set[int]:

@@ -163,6 +163,7 @@ def test_every_variable_is_a_flag(name: str) -> None:
         "unsandboxed": UNSANDBOXED_CONSENT,
         "sandbox_uid": "3000",
         "preimport": "json",
+        "memory_reserve": "0.2",
     }
     args = parse_args(["--" + name.replace("_", "-"), value.get(name, "20")], {})
     settings = args.service if name in ServiceSettings.model_fields else args.config
