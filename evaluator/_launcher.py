@@ -14,8 +14,9 @@ this order:
    every capability;
 4'. or, when the service is not root (it cannot mount), enters a user and mount namespace of
    its own (its uid and gid mapped to themselves), mounts the run's size-bounded tmpfs on the
-   working directory there, and writes :data:`_MOUNTED` to stdout: the service then opens the
-   directory through ``/proc/<pid>/root``, which keeps the tmpfs reachable after the run;
+   working directory there (and the run's ``noexec`` ``/dev/shm`` beside it, which bwrap binds),
+   and writes :data:`_MOUNTED` to stdout: the service then opens the directory through
+   ``/proc/<pid>/root``, which keeps the tmpfs reachable after the run;
 5. blocks reading its command line from fd 3, and execs it (bwrap) with fd 4 its seccomp
    program (and fd 5, for a warm agent, the pipe its run will come through: ``_agent.py``).
    EOF without the release marker means the run was cancelled, or the service died: it exits
@@ -78,8 +79,9 @@ class _Libc:
         )
 
 
-def _mount_workdir(path: str, size: int, inodes: int) -> None:
-    """Mount the run's tmpfs on ``path`` in a user and mount namespace of this process's own."""
+def _mount_workdir(path: str, size: int, inodes: int, shm: list[object] | None) -> None:
+    """Mount the run's tmpfs on ``path`` in a user and mount namespace of this process's own,
+    and ``shm`` (``[path, bytes, inodes]``), the one bwrap binds as ``/dev/shm``."""
     libc = _Libc()
     uid, gid = os.getuid(), os.getgid()
     libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
@@ -98,6 +100,16 @@ def _mount_workdir(path: str, size: int, inodes: int) -> None:
         _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
         f"size={size},nr_inodes={inodes},mode=0700",
     )
+    if shm is not None:
+        shm_path, shm_size, shm_inodes = shm
+        # noexec, as the working directory: bwrap's own --tmpfs cannot be.
+        libc.mount(
+            "tmpfs",
+            str(shm_path),
+            "tmpfs",
+            _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+            f"size={shm_size},nr_inodes={shm_inodes},mode=0700",
+        )
     os.mkdir(f"{path}/.tmp", 0o700)
     os.write(1, _MOUNTED)
 
@@ -145,7 +157,8 @@ def main() -> None:
         if os.getresuid() != (spec["uid"],) * 3 or os.getgroups():
             raise PermissionError("the sandbox user could not be assumed")
     if spec["workdir"] is not None:
-        _mount_workdir(*spec["workdir"])
+        path, size, inodes = spec["workdir"]
+        _mount_workdir(path, size, inodes, spec["shm"])
     os.closerange(_KEPT_FDS, os.sysconf("SC_OPEN_MAX"))
     os.chdir(spec["cwd"])
     chunks = []

@@ -22,6 +22,7 @@ import binascii
 import contextlib
 import json
 import logging
+import math
 import posixpath
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -160,6 +161,7 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
     error = jsonschema.exceptions.best_match(_validator.iter_errors(checked))
     if error is not None:
         raise RequestInvalid("Request data failed validation", error.message)
+    _check_finite(body.get(TIME_LIMIT_FIELD))
     files = tuple(_parse_file(item) for item in body.get("files", []))
     # content_wanted: this project's extension of the request (Snekbox ignores the field).
     try:
@@ -167,19 +169,33 @@ def parse_request(body: Any, *, max_files: int) -> EvalRequest:
         content_wanted = None if wanted is None else ContentWanted.from_json(wanted)
     except ValueError as exc:
         raise RequestInvalid("Request data failed validation", str(exc)) from exc
-    return EvalRequest(
-        input=body.get("input"),
-        args=body.get("args"),
-        files=files,
-        executable_path=body.get("executable_path") or None,
-        content_wanted=content_wanted,
-        time_limit=body.get(TIME_LIMIT_FIELD),
-        session=body.get(SESSION_FIELD),
-        session_resume=body.get(SESSION_RESUME_FIELD, False),
-        end_sessions=tuple(body.get(END_SESSIONS_FIELD, ())),
-        session_owner=body.get(SESSION_OWNER_FIELD),
-        packages=tuple(body.get(PACKAGES_FIELD, ())),
-    )
+    try:
+        return EvalRequest(
+            input=body.get("input"),
+            args=body.get("args"),
+            files=files,
+            executable_path=body.get("executable_path") or None,
+            content_wanted=content_wanted,
+            time_limit=body.get(TIME_LIMIT_FIELD),
+            session=body.get(SESSION_FIELD),
+            session_resume=body.get(SESSION_RESUME_FIELD, False),
+            end_sessions=tuple(body.get(END_SESSIONS_FIELD, ())),
+            session_owner=body.get(SESSION_OWNER_FIELD),
+            packages=tuple(body.get(PACKAGES_FIELD, ())),
+        )
+    except ValueError as exc:  # whatever the model refuses is the request's fault: a 400
+        raise RequestInvalid("Request data failed validation", str(exc)) from exc
+
+
+def _check_finite(value: object) -> None:
+    """Refuse a NaN or an infinity where the schema wants a number: NaN compares false with
+    every bound (``exclusiveMinimum`` lets it through), and no run takes forever.
+
+    Raises:
+        RequestInvalid: ``value`` is a float that is not finite.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RequestInvalid("Request data failed validation", f"{value} is not a finite number")
 
 
 #: The title of the 503 answer to a request that finds the queue full.
@@ -229,6 +245,7 @@ def check_request(request: EvalRequest, *, max_files: int) -> None:
     error = jsonschema.exceptions.best_match(_validator.iter_errors(checked))
     if error is not None:
         raise RequestInvalid("Request data failed validation", error.message)
+    _check_finite(request.time_limit)
     for file in request.files:
         _check_path(file.path)
 
@@ -263,10 +280,28 @@ def _check_path(path: str) -> None:
             )
 
 
+class _NonFinite(Exception):
+    """A number of the body is NaN or infinite (see :func:`_finite_float`)."""
+
+
+def _finite_float(text: str) -> float:
+    """The decoder's hook for ``NaN``, ``Infinity``, ``-Infinity`` (which Python's json
+    accepts) and every other number with a fraction or exponent (``1e999`` is infinite): no
+    field of a request takes a number that is not finite, wherever it is in the body."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite(text)
+    return value
+
+
 def _parse_body(data: bytes | bytearray, max_files: int) -> EvalRequest:
     """Decode and validate a request body (in a worker thread: see the module's docstring)."""
     try:
-        body = json.loads(data.decode())
+        body = json.loads(data.decode(), parse_float=_finite_float, parse_constant=_finite_float)
+    except _NonFinite as exc:
+        raise RequestInvalid(
+            "Request data failed validation", f"{exc} is not a finite number"
+        ) from exc
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise _HTTPError(400, "Invalid JSON", f"Could not parse JSON body - {exc}") from exc
     return parse_request(body, max_files=max_files)

@@ -98,12 +98,15 @@ class SandboxView:
         readonly_files: Sequence[tuple[str, str]] = (),
         empty_file: str | None = None,
         env: Sequence[tuple[str, str]] = (),
+        shm: Path | None = None,
     ) -> list[str]:
         """The complete command line running ``command`` in ``workdir`` (:attr:`home` inside).
 
         ``readonly_files`` are ``(host path, sandbox path)`` pairs bound read-only;
         ``empty_file``, an empty host file, covers the ``/proc`` files that tell of the host;
-        ``env`` is added to the environment of every run.
+        ``env`` is added to the environment of every run; ``shm``, a ``noexec`` tmpfs of
+        :attr:`shm_size` bytes made for the run, is bound as ``/dev/shm`` (``None``: bwrap's own
+        tmpfs, where a dropped binary can run).
         """
         argv = [
             self.bwrap,
@@ -135,10 +138,12 @@ class SandboxView:
         if empty_file is not None:
             for path in _MASKED_PROC_FILES:
                 argv += ["--ro-bind", empty_file, path]
-        argv += [
-            "--size", str(self.shm_size), "--tmpfs", "/dev/shm",
-            "--bind", str(workdir), self.home,
-        ]  # fmt: skip
+        if shm is not None:
+            # A bind keeps the mount's noexec (bwrap adds flags to a bind, never removes any).
+            argv += ["--bind", str(shm), "/dev/shm"]
+        else:
+            argv += ["--size", str(self.shm_size), "--tmpfs", "/dev/shm"]
+        argv += ["--bind", str(workdir), self.home]
         for host_path, sandbox_path in readonly_files:
             argv += ["--ro-bind", host_path, sandbox_path]
         if seccomp:
@@ -173,6 +178,8 @@ class LaunchSpec:
         workdir: ``(path, bytes, inodes)``: a tmpfs it mounts on the working directory, in a
             user and mount namespace of its own, for a service that cannot mount (not root);
             :meth:`JailedProcess.mounted` then says when it is there.
+        shm: ``(path, bytes, inodes)``: with ``workdir``, a ``noexec`` tmpfs it mounts there
+            too, which bwrap binds as ``/dev/shm``.
     """
 
     cgroup_procs: tuple[str, ...] = ()
@@ -182,6 +189,7 @@ class LaunchSpec:
     cwd: str = "/"
     env: Mapping[str, str] | None = None
     workdir: tuple[str, int, int] | None = None
+    shm: tuple[str, int, int] | None = None
 
     def argv(self) -> list[str]:
         spec = {
@@ -193,6 +201,7 @@ class LaunchSpec:
             "cwd": self.cwd,
             "env": dict(self.env or {}),
             "workdir": list(self.workdir) if self.workdir else None,
+            "shm": list(self.shm) if self.shm else None,
         }
         # -I -S: none of the environment, no site-packages, so nothing of the service loads.
         return [sys.executable, "-I", "-S", _LAUNCHER, marshal.dumps(spec).hex()]

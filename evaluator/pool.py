@@ -33,7 +33,7 @@ from .host import home_environment
 from .jail import MOUNTED, JailedProcess, LaunchSpec
 from .procfs import await_orphans
 from .users import RunUsers
-from .workdir import Workdir, WorkdirRoot
+from .workdir import SHM_INODES, Workdir, WorkdirRoot
 
 __all__ = ["Sandbox", "SandboxPool"]
 
@@ -69,6 +69,8 @@ class SandboxPool:
             it needs (see :func:`.users.covers`).
         workdir_size: Bytes of each working directory.
         workdir_inodes: Inodes of each working directory.
+        shm_size: Bytes of each run's ``noexec`` ``/dev/shm``, made with its working directory
+            (see :attr:`.workdir.Workdir.shm`); ``None``: none (unsandboxed runs).
         rlimits: ``(resource, limit)`` pairs set in every run's process.
         seccomp_program: The compiled seccomp filter, or ``None`` for none.
         host_env: ``None`` for runs in bwrap (which sets the environment); else the environment
@@ -87,6 +89,7 @@ class SandboxPool:
         covers: tuple[tuple[str, tuple[str, ...]], ...] = (),
         workdir_size: int,
         workdir_inodes: int,
+        shm_size: int | None = None,
         rlimits: Sequence[tuple[int, int]],
         seccomp_program: bytes | None,
         host_env: Mapping[str, str] | None,
@@ -100,6 +103,7 @@ class SandboxPool:
         self._covers = covers
         self._workdir_size = workdir_size
         self._workdir_inodes = workdir_inodes
+        self._shm_size = shm_size
         self._rlimits = tuple(rlimits)
         self._seccomp = seccomp_program
         self._host_env = dict(host_env) if host_env is not None else None
@@ -195,7 +199,11 @@ class SandboxPool:
         cgroup = None
         try:
             workdir = Workdir.create(
-                self._root, self._workdir_size, self._workdir_inodes, owner=user
+                self._root,
+                self._workdir_size,
+                self._workdir_inodes,
+                owner=user,
+                shm_size=self._shm_size,
             )
         except BaseException:
             self._users.give_back(user)
@@ -211,6 +219,9 @@ class SandboxPool:
                 env=self._environment(workdir),
                 workdir=(str(workdir.path), *workdir.launcher_mount)
                 if workdir.launcher_mount
+                else None,
+                shm=(str(workdir.shm), self._shm_size, SHM_INODES)
+                if workdir.launcher_mount and workdir.shm is not None and self._shm_size
                 else None,
             )
             seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None

@@ -11,6 +11,11 @@ family or netlink protocol (``NETLINK_AUDIT``, ``NETLINK_KOBJECT_UEVENT``, ``AF_
 answers EAFNOSUPPORT, as it would on a kernel without it. When runs share the service's uid
 (an unprivileged service), ``inotify_init`` answers EMFILE too: its instances are a per-user
 quota that one run could otherwise take from the user's desktop and from the other runs.
+``memfd_create`` answers ENOSYS, as on a kernel without it (callers fall back to files): a
+memfd is the one writable file a run could otherwise execute (``/home`` and ``/dev/shm`` are
+``noexec``), by ``execve`` of ``/proc/self/fd/N`` or ``execveat``, or load with ``ld.so`` even
+when sealed ``MFD_NOEXEC_SEAL``. The kernel's own ``vm.memfd_noexec`` cannot be set for the
+runs: it needs host root and a writable ``/proc/sys`` in their pid namespace.
 The program is compiled once with libseccomp (through ``pyseccomp``) and handed to bwrap in a
 fresh memfd per run: bwrap reads it from the fd's current offset.
 """
@@ -90,6 +95,7 @@ def compile_filter(*, shared_user: bool = False) -> bytes:
     for flag in _NAMESPACE_FLAGS:
         program.add_rule(deny, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
     program.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    program.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "memfd_create")
     for request in (_TIOCSTI, _TIOCLINUX):
         program.add_rule(deny, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, request))
     no_family = pyseccomp.ERRNO(errno.EAFNOSUPPORT)

@@ -21,7 +21,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -58,7 +58,6 @@ from .packages import (
 from .pool import Sandbox, SandboxPool
 from .pythons import Interpreter, find_uv, interpreters
 from .users import RunUsers, covers
-from .watchdog import MemInfo, MemoryEnded, MemoryWatchdog, read_meminfo
 from .workdir import CollectError, Workdir, WorkdirRoot, WriteError
 
 __all__ = ["Evaluator"]
@@ -71,10 +70,19 @@ _PR_SET_CHILD_SUBREAPER = 36
 _AGENT = Path(__file__).with_name("_agent.py")
 _AGENT_IN_SANDBOX = "/run/evaluator/agent.py"
 _PROBE = "import sys; print('ok')"
+#: Seconds the start-up check run may take, whatever the runs' limit: it needs ~50 ms, but a
+#: busy host (load 10-27 on 2 cores was seen) must not be taken for a missing sandbox.
+_PROBE_TIME_LIMIT = 60.0
+# How the launcher's own failures begin (_launcher.py).
+_LAUNCH_FAILED = "the sandbox could not start"
 # Builds matplotlib's font list once, so that runs do not rebuild it (~150 ms each).
 _FONTLIST = "import matplotlib.font_manager"
 # In the package cache: each evaluator's directory of its sandboxes' layer directories.
 _SANDBOXES = ".sandboxes"
+
+
+class _HostTooBusy(SandboxUnavailable):
+    """The start-up check run was killed at its time limit twice: the host is too busy."""
 
 
 class Evaluator:
@@ -89,23 +97,10 @@ class Evaluator:
 
     :meth:`start` makes this process a child subreaper (``PR_SET_CHILD_SUBREAPER``) so that it
     collects the sandbox processes orphaned by a kill.
-
-    ``meminfo`` reads the host's memory for the memory watchdog (see :mod:`.watchdog`); tests
-    inject a low reading through it.
     """
 
-    def __init__(
-        self,
-        config: EvaluatorConfig | None = None,
-        *,
-        meminfo: Callable[[], MemInfo] = read_meminfo,
-    ) -> None:
+    def __init__(self, config: EvaluatorConfig | None = None) -> None:
         self.config = config or EvaluatorConfig()
-        # Live sessions at once, derived at start from what is enforced (see session_limit).
-        self._session_limit: int | None = None
-        self._meminfo = meminfo
-        self._watchdog: MemoryWatchdog | None = None
-        self._memory_ended = MemoryEnded()
         self._started = False
         self._closing = False
         self._slots = asyncio.Semaphore(self.config.concurrency)
@@ -158,7 +153,8 @@ class Evaluator:
 
         Raises:
             SandboxUnavailable: bwrap is missing, user namespaces are disabled, or a first run
-                in the sandbox failed; the message says what to do.
+                in the sandbox failed, or did not finish twice (a busy host); the message
+                names the cause and says what to do.
         """
         if self._started:
             return
@@ -197,8 +193,6 @@ class Evaluator:
         swept = self._cgroups.sweep()
         if swept:
             log.info("removed %d cgroups left by a previous evaluator", swept)
-        session_bytes = limits.session_bytes(config, self._cgroups)
-        self._session_limit = min(config.sessions_within(session_bytes), 100_000)
         self._root = WorkdirRoot.create(config.workdir_root)
         # Not root: each run's launcher mounts its size-bounded tmpfs, in a user namespace.
         self._root.launchers_mount = not self._root.can_mount and not config.unsandboxed
@@ -226,24 +220,6 @@ class Evaluator:
             raise
         for limit in self.limits_in_force():
             log.log(logging.INFO if limit.enforced else logging.WARNING, "limit %s", limit)
-        log.info(
-            "live sessions: at most %d%s, each counted at %d MiB (%s)",
-            self.session_limit,
-            " (EVALUATOR_MAX_SESSIONS)" if config.max_sessions is not None else "",
-            session_bytes // MiB,
-            "its memory limit"
-            if self._cgroups.memory is not None
-            else "no memory cgroup: its interpreter's address space, working directory and "
-            "/dev/shm",
-        )
-        if config.memory_reserve > 0:
-            self._watchdog = MemoryWatchdog(
-                config.memory_reserve,
-                self._live_sandboxes,
-                self._end_for_memory,
-                meminfo=self._meminfo,
-            )
-            self._watchdog.start()
         pool.refill()
         if self._packages is not None and config.python_packages:
             # Ahead of the first run on each, which would otherwise wait for it.
@@ -266,6 +242,8 @@ class Evaluator:
             try:
                 await self._probe()
                 return pool
+            except _HostTooBusy:
+                raise  # no other way of mounting would be faster
             except SandboxUnavailable as exc:
                 root = self._root
                 if root is None or not root.launchers_mount:
@@ -348,9 +326,7 @@ class Evaluator:
         return layer
 
     def _make_pool(self) -> SandboxPool:
-        # Every user of the cap (the shared RLIMIT_NPROC, the live sessions) sees the derived one.
-        config = self.config.model_copy(update={"max_sessions": self.session_limit})
-        root = self._root
+        config, root = self.config, self._root
         assert root is not None
         rlimits, self._nproc = limits.rlimits(
             config, self._cgroups, mounted=root.bounded, own_uid=self._users.dropping
@@ -363,6 +339,7 @@ class Evaluator:
             covers=blocked,
             workdir_size=config.workdir_size * MiB,
             workdir_inodes=config.workdir_inodes,
+            shm_size=None if config.unsandboxed else config.shm_size * MiB,
             rlimits=rlimits,
             seccomp_program=self._seccomp,
             host_env=environment(config) if config.unsandboxed else None,
@@ -396,7 +373,7 @@ class Evaluator:
             return EvalResult("ValueError: embedded null byte", None)
         session = request.session
         if session is not None and request.session_resume and not self._live_touch(session):
-            raise self._not_found(session)  # before any install: nothing runs
+            raise SessionNotFound(session)  # before any install: nothing runs
         try:
             asked, layers = await self._layers(request.packages, command[0], request.session)
         except PackageRefused as exc:
@@ -517,7 +494,7 @@ class Evaluator:
         """What ``GET /info`` says: sessions, limits, interpreters and the package policy."""
         config, cache = self.config, self._packages
         return ServiceInfo(
-            max_sessions=self.session_limit,
+            max_sessions=config.session_limit,
             session_idle_timeout=config.session_idle_timeout,
             time_limit=config.time_limit,
             pythons=tuple(Python(p.version, p.path) for p in self._pythons),
@@ -542,41 +519,11 @@ class Evaluator:
         """Live sessions open now."""
         return self._live.count if self._live is not None else 0
 
-    @property
-    def session_limit(self) -> int:
-        """Live sessions at once: ``max_sessions``, or (once started) as many as half the memory
-        holds at what each may hold where it runs (see :func:`.limits.session_bytes`); before
-        :meth:`start`, the configuration's own default."""
-        if self._session_limit is not None:
-            return self._session_limit
-        return self.config.session_limit
-
-    @property
-    def sessions_ended_for_memory(self) -> int:
-        """Live sessions the memory watchdog ended since the start (see :mod:`.watchdog`)."""
-        return self._memory_ended.count
-
-    def _live_sandboxes(self) -> dict[str, Sandbox]:
-        return self._live.sandboxes() if self._live is not None else {}
-
-    def _not_found(self, session: str) -> SessionNotFound:
-        """The error for a session not held here, saying why when the watchdog ended it."""
-        return SessionNotFound(session, self._memory_ended.reason(session))
-
-    async def _end_for_memory(self, session: str, sandbox: Sandbox, held: int) -> bool:
-        """End ``session`` for the memory watchdog, if it still runs in ``sandbox``."""
-        live = self._live
-        if live is None or live.sandbox_of(session) is not sandbox:
-            return False
-        self._memory_ended.add(session, held)
-        await live.end(session)
-        return True
-
     async def _run_in_session(
         self, session: str, command: list[str], request: EvalRequest, layers: list[Layer]
     ) -> EvalResult:
         live = self._live
-        if live is None or self.session_limit == 0:
+        if live is None or self.config.session_limit == 0:
             return EvalResult("sessions are turned off (EVALUATOR_MAX_SESSIONS=0)", None)
         if not self._runs_as_agent(command):
             return EvalResult(
@@ -585,25 +532,14 @@ class Evaluator:
                 None,
             )
         if request.session_resume and not live.touch(session):  # checked again once it runs
-            raise self._not_found(session)
+            raise SessionNotFound(session)
         time_limit = min(request.time_limit or self.config.time_limit, self.config.time_limit)
         async with self._slot():
-            started = time.monotonic()
             try:
-                result = await live.run(
-                    session, command[1:], request, time_limit, command[0], layers
-                )
-            except SessionNotFound:
-                raise self._not_found(session) from None
+                return await live.run(session, command[1:], request, time_limit, command[0], layers)
             except (OSError, RuntimeError) as exc:
                 log.warning("a live session could not start: %s", exc)
                 return EvalResult(f"the session's interpreter could not start: {exc}", None)
-        why = self._memory_ended.reason(session, since=started)
-        if why is None:
-            self._memory_ended.forget(session)  # it runs: a later miss has another reason
-        elif result.session_ended:  # the watchdog ended it during this cell
-            result = replace(result, stdout=f"{result.stdout}\n[the session was {why}]\n")
-        return result
 
     def _session_argv(self, sandbox: Sandbox, executable: str) -> list[str]:
         """bwrap's command line of a session's agent started cold (see :mod:`.live`).
@@ -657,9 +593,6 @@ class Evaluator:
     async def aclose(self) -> None:
         """Stop: wait for the runs' clean-up, remove every sandbox, the cgroups and directories."""
         self._closing = True
-        if self._watchdog is not None:
-            await self._watchdog.aclose()
-            self._watchdog = None
         if self._live is not None:
             await self._live.aclose()
         if self._pool is not None:
@@ -737,8 +670,16 @@ class Evaluator:
                 self._pool.refill()
 
     async def _run_in(
-        self, sandbox: Sandbox, command: list[str], request: EvalRequest, layers: list[Layer]
+        self,
+        sandbox: Sandbox,
+        command: list[str],
+        request: EvalRequest,
+        layers: list[Layer],
+        *,
+        limit: float | None = None,
     ) -> EvalResult:
+        """Run ``command`` in ``sandbox``; ``limit``: seconds in place of the runs' time limit
+        (the start-up check's)."""
         config = self.config
         assert self._pool is not None
         written: dict[str, int] = {}
@@ -747,7 +688,11 @@ class Evaluator:
                 written = await asyncio.to_thread(sandbox.workdir.write_files, request.files)
             except WriteError as exc:
                 return EvalResult(str(exc), None)
-        time_limit = min(request.time_limit or config.time_limit, config.time_limit)
+        time_limit = (
+            min(request.time_limit or config.time_limit, config.time_limit)
+            if limit is None
+            else limit
+        )
         if sandbox.warm:
             try:
                 await self._add_layers(sandbox, layers)  # before the clock starts
@@ -795,6 +740,7 @@ class Evaluator:
             readonly_files=[*interpreter, *([self._fontlist] if self._fontlist else []), *extra],
             empty_file=self._empty_file,
             env=env,
+            shm=workdir.shm,
         )
 
     def _warm_eligible(self, command: list[str]) -> bool:
@@ -845,13 +791,67 @@ class Evaluator:
         return covers([*self._view.readonly_paths, *others, bwrap_dir, str(root.path), *cache])
 
     async def _probe(self) -> None:
-        """A first run, to prove the whole sandbox works on this machine."""
-        result = await self.run(EvalRequest(args=("-c", _PROBE)))
-        if result.returncode != 0 or result.stdout != "ok\n":
-            raise SandboxUnavailable(
-                "a first run in the sandbox failed "
-                f"(returncode {result.returncode}): {result.stdout.strip()[:2000]}\n" + WHAT_TO_DO
+        """A first run, to prove the whole sandbox works on this machine.
+
+        It has a generous time limit of its own, and one more try when killed at it: a busy
+        host is said to be busy, never taken for a missing sandbox.
+
+        Raises:
+            SandboxUnavailable: the run failed, or was killed at its time limit twice; the
+                message names the cause.
+        """
+        limit = _PROBE_TIME_LIMIT
+        for attempt in (1, 2):
+            result = await self._probe_run(limit)
+            if result.ended_by != "time_limit":
+                break
+            if attempt == 1:
+                log.warning(
+                    "the start-up check run did not finish within %g s (a busy host?): "
+                    "trying once more",
+                    limit,
+                )
+        else:
+            raise _HostTooBusy(
+                f"the start-up check run did not finish within {limit:g} s, twice: the host is "
+                "too busy (see its load average), which says nothing against the sandbox. "
+                "Start the evaluator again once the host is less loaded."
             )
+        if result.returncode != 0 or result.stdout != "ok\n":
+            raise SandboxUnavailable(self._probe_failure(result))
+
+    async def _probe_run(self, limit: float) -> EvalResult:
+        """One start-up check run, with ``limit`` seconds rather than the runs' time limit."""
+        pool = self._pool
+        assert pool is not None
+        command = [self._executable(None), "-c", _PROBE]
+        sandbox = pool.take()
+        try:
+            return await self._run_in(
+                sandbox, command, EvalRequest(args=command[1:]), [], limit=limit
+            )
+        except BaseException:
+            sandbox.process.kill()
+            raise
+        finally:
+            pool.retire(sandbox)
+
+    def _probe_failure(self, result: EvalResult) -> str:
+        """Why the start-up check run failed, in words naming the cause: what to install only
+        when bwrap or the namespaces it needs are what failed."""
+        output = result.stdout.strip()[:2000]
+        if result.ended_by == "memory_limit":
+            return (
+                "the start-up check run was killed at the memory limit "
+                f"({self.config.memory_limit} MiB): the interpreter cannot start within it; "
+                "raise the limit"
+            )
+        failed = f"a first run in the sandbox failed (returncode {result.returncode}): {output}"
+        # bwrap's own errors, and the launcher's (its namespaces, its mounts), come before
+        # the interpreter: the sandbox could not be made.
+        if "bwrap:" in output or _LAUNCH_FAILED in output:
+            return failed + "\n" + WHAT_TO_DO
+        return failed
 
     def _check_bytecode(self) -> None:
         """Compile the environment the runs import from, if it lacks bytecode (see bytecode.py)."""

@@ -7,6 +7,8 @@ namespace of its own (:mod:`._launcher`), and this process reaches it by a descr
 through ``/proc/<launcher>/root`` (:meth:`Workdir.attach`), which keeps it alive after the run's
 namespaces are gone. Unsandboxed, it is a plain directory, and only the output collection
 bounds what comes back.
+The run's ``/dev/shm`` is a second such tmpfs, made the same way and bound there by bwrap (whose
+own ``--tmpfs`` cannot be ``noexec``): neither is a place a dropped binary runs from.
 Input files are written in before the run; output files are collected after it by Snekbox's
 rules, reading regular files only and never following a symlink.
 
@@ -49,6 +51,9 @@ _ROOT_NAME = re.compile(r"evaluator-(\d+)-\w+")
 #: The run's TMPDIR, relative to the working directory; hidden, so never returned.
 TMP_DIR = ".tmp"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Files ``/dev/shm`` can hold: multiprocessing's semaphores and shared memory blocks take one
+#: each; without a bound, an inode bomb there would eat the run's memory.
+SHM_INODES = 1024
 
 
 class WriteError(Exception):
@@ -118,31 +123,56 @@ class Workdir:
         self.owner: tuple[int, int] | None = None
         #: ``(bytes, inodes)`` of the tmpfs the run's launcher mounts, until :meth:`attach`.
         self.launcher_mount: tuple[int, int] | None = None
+        #: The host directory bound as ``/dev/shm``: a ``noexec`` tmpfs there (mounted by this
+        #: process, or by the launcher when :attr:`launcher_mount` is set); ``None``: bwrap's
+        #: own tmpfs, where binaries run (no mount is possible here).
+        self.shm: Path | None = None
+        self._shm_mounted = False
         self._fd: int | None = None
 
     @classmethod
     def create(
-        cls, root: WorkdirRoot, size: int, inodes: int, owner: tuple[int, int] | None = None
+        cls,
+        root: WorkdirRoot,
+        size: int,
+        inodes: int,
+        owner: tuple[int, int] | None = None,
+        shm_size: int | None = None,
     ) -> Workdir:
         """A fresh directory: a tmpfs of ``size`` bytes and ``inodes`` inodes where possible.
 
         ``owner``: the host ``(uid, gid)`` of the run, which then owns the directory.
+        ``shm_size``: bytes of the run's ``/dev/shm``, made beside it where a tmpfs can be
+        (:attr:`shm`); ``None``: none.
         """
         path = Path(tempfile.mkdtemp(prefix="run-", dir=root.path))
+        shm = Path(f"{path}.shm") if shm_size is not None and root.bounded else None
+        if shm is not None:
+            shm.mkdir(mode=0o700)
         if root.launchers_mount and not root.can_mount:
             workdir = cls(path, False, size)
             workdir.launcher_mount = (size, inodes)
+            workdir.shm = shm
             return workdir
         if root.can_mount:
             try:
                 _mount_tmpfs(path, size, inodes, owner)
+                if shm is not None and shm_size is not None:
+                    try:
+                        _mount_tmpfs(shm, shm_size, SHM_INODES, owner)
+                    except OSError:
+                        _unmount(path)
+                        raise
             except OSError:
                 path.rmdir()
+                if shm is not None:
+                    shm.rmdir()
                 raise
         elif owner is not None:
             os.chown(path, *owner)
         workdir = cls(path, root.can_mount, size)
         workdir.owner = owner
+        workdir.shm, workdir._shm_mounted = shm, shm is not None
         (path / TMP_DIR).mkdir(mode=0o700)
         if owner is not None:
             os.chown(path / TMP_DIR, *owner)
@@ -322,6 +352,12 @@ class Workdir:
             _unmount(self.path)
             self.mounted = False
         _remove_tree(self.path)
+        if self.shm is not None:
+            if self._shm_mounted:  # else the launcher's, gone with its namespaces
+                _unmount(self.shm)
+                self._shm_mounted = False
+            _remove_tree(self.shm)
+            self.shm = None
 
 
 def _write_error(exc: OSError, file: File) -> WriteError:

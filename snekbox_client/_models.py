@@ -122,8 +122,10 @@ class ContentWanted:
     head_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_bytes < 0 or self.head_bytes < 0:
-            raise ValueError("max_bytes and head_bytes may not be negative")
+        # Integers only: a NaN would pass any comparison with 0 and bound nothing.
+        for value in (self.max_bytes, self.head_bytes):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError("max_bytes and head_bytes must be non-negative integers")
 
     def matches(self, path: str) -> bool:
         return any(fnmatch.fnmatchcase(path, pattern) for pattern in self.paths)
@@ -194,8 +196,9 @@ class EvalRequest:
     def __post_init__(self) -> None:
         if self.input is None and self.args is None:
             raise ValueError("an EvalRequest needs input or args")
-        if self.time_limit is not None and not self.time_limit > 0:
-            raise ValueError("time_limit must be a positive number of seconds")
+        # Finite: Infinity would reach the JSON body (which has no such literal), NaN the clock.
+        if self.time_limit is not None and not 0 < self.time_limit < math.inf:
+            raise ValueError("time_limit must be a positive, finite number of seconds")
 
     @property
     def argv(self) -> tuple[str, ...]:

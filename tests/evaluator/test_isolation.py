@@ -23,7 +23,7 @@ import pytest
 from evaluator import Evaluator
 from snekbox_client import EvalRequest
 
-from . import isolation
+from . import dropped_binaries, isolation
 from .conftest import b64, config, run
 
 pytestmark = pytest.mark.anyio
@@ -50,6 +50,21 @@ async def test_only_the_needed_socket_families(client: httpx.AsyncClient) -> Non
     result = await run(client, isolation.SOCKETS)
     assert result["returncode"] == 0, result["stdout"]
     isolation.check_sockets(result["stdout"])
+
+
+async def test_a_dropped_binary_runs_neither_from_dev_shm_nor_from_a_memfd(
+    client: httpx.AsyncClient,
+) -> None:
+    """Issue 27, finding 9: both ran; the working directory alone was noexec."""
+    result = await run(client, dropped_binaries.DROP_AND_EXECUTE)
+    assert result["returncode"] == 0, result["stdout"]
+    dropped_binaries.check_not_executed(result["stdout"])
+
+
+async def test_dev_shm_and_native_callbacks_still_work(client: httpx.AsyncClient) -> None:
+    result = await run(client, dropped_binaries.SHM_STILL_WORKS)
+    assert result["returncode"] == 0, result["stdout"]
+    dropped_binaries.check_shm_still_works(result["stdout"])
 
 
 async def test_a_sessions_traps_neither_redirect_nor_hold_up_its_files(
