@@ -16,7 +16,7 @@ from .config import EvaluatorConfig, MiB
 from .models import Limit
 from .users import RunUsers
 
-__all__ = ["ADDRESS_SPACE_HEADROOM", "describe", "rlimits"]
+__all__ = ["ADDRESS_SPACE_HEADROOM", "describe", "rlimits", "session_bytes"]
 
 #: Headroom of the address-space rlimit over the memory limit, used only without a memory cgroup:
 #: libraries reserve far more virtual memory than they use (OpenBLAS fails under 256 MiB).
@@ -24,6 +24,24 @@ ADDRESS_SPACE_HEADROOM = 512 * MiB
 #: Tasks an idle sandbox holds (bubblewrap's two, the interpreter's three threads: measured 4-5),
 #: with room for one retiring beside it: counted in the shared RLIMIT_NPROC below.
 IDLE_SANDBOX_TASKS = 8
+
+
+def session_bytes(config: EvaluatorConfig, cgroups: Cgroups) -> int:
+    """The memory one live session is counted at, for the default cap on them
+    (:meth:`.EvaluatorConfig.sessions_within`): what is enforced on it.
+
+    A memory cgroup bounds all of a session's memory, tmpfs pages included: ``memory_limit``.
+    Without one, only the address-space rlimit of each process holds, and it misses the
+    working directory and ``/dev/shm`` (tmpfs): one interpreter's address space plus both
+    sizes. A session whose processes each fill their address space can hold more (up to the
+    rlimit times ``pids_limit``, which would leave room for a single session): that is left to
+    the memory watchdog (:mod:`.watchdog`), and the cap bounds the common case, one interpreter
+    holding all it may.
+    """
+    if cgroups.memory is not None:
+        return config.memory_limit * MiB
+    address_space = config.memory_limit * MiB + ADDRESS_SPACE_HEADROOM
+    return address_space + (config.workdir_size + config.shm_size) * MiB
 
 
 def rlimits(

@@ -21,7 +21,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -58,6 +58,7 @@ from .packages import (
 from .pool import Sandbox, SandboxPool
 from .pythons import Interpreter, find_uv, interpreters
 from .users import RunUsers, covers
+from .watchdog import MemInfo, MemoryEnded, MemoryWatchdog, read_meminfo
 from .workdir import CollectError, Workdir, WorkdirRoot, WriteError
 
 __all__ = ["Evaluator"]
@@ -97,10 +98,23 @@ class Evaluator:
 
     :meth:`start` makes this process a child subreaper (``PR_SET_CHILD_SUBREAPER``) so that it
     collects the sandbox processes orphaned by a kill.
+
+    ``meminfo`` reads the host's memory for the memory watchdog (see :mod:`.watchdog`); tests
+    inject a low reading through it.
     """
 
-    def __init__(self, config: EvaluatorConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: EvaluatorConfig | None = None,
+        *,
+        meminfo: Callable[[], MemInfo] = read_meminfo,
+    ) -> None:
         self.config = config or EvaluatorConfig()
+        # Live sessions at once, derived at start from what is enforced (see session_limit).
+        self._session_limit: int | None = None
+        self._meminfo = meminfo
+        self._watchdog: MemoryWatchdog | None = None
+        self._memory_ended = MemoryEnded()
         self._started = False
         self._closing = False
         self._slots = asyncio.Semaphore(self.config.concurrency)
@@ -193,6 +207,8 @@ class Evaluator:
         swept = self._cgroups.sweep()
         if swept:
             log.info("removed %d cgroups left by a previous evaluator", swept)
+        session_bytes = limits.session_bytes(config, self._cgroups)
+        self._session_limit = min(config.sessions_within(session_bytes), 100_000)
         self._root = WorkdirRoot.create(config.workdir_root)
         # Not root: each run's launcher mounts its size-bounded tmpfs, in a user namespace.
         self._root.launchers_mount = not self._root.can_mount and not config.unsandboxed
@@ -220,6 +236,24 @@ class Evaluator:
             raise
         for limit in self.limits_in_force():
             log.log(logging.INFO if limit.enforced else logging.WARNING, "limit %s", limit)
+        log.info(
+            "live sessions: at most %d%s, each counted at %d MiB (%s)",
+            self.session_limit,
+            " (EVALUATOR_MAX_SESSIONS)" if config.max_sessions is not None else "",
+            session_bytes // MiB,
+            "its memory limit"
+            if self._cgroups.memory is not None
+            else "no memory cgroup: its interpreter's address space, working directory and "
+            "/dev/shm",
+        )
+        if config.memory_reserve > 0:
+            self._watchdog = MemoryWatchdog(
+                config.memory_reserve,
+                self._live_sandboxes,
+                self._end_for_memory,
+                meminfo=self._meminfo,
+            )
+            self._watchdog.start()
         pool.refill()
         if self._packages is not None and config.python_packages:
             # Ahead of the first run on each, which would otherwise wait for it.
@@ -326,7 +360,9 @@ class Evaluator:
         return layer
 
     def _make_pool(self) -> SandboxPool:
-        config, root = self.config, self._root
+        # Every user of the cap (the shared RLIMIT_NPROC, the live sessions) sees the derived one.
+        config = self.config.model_copy(update={"max_sessions": self.session_limit})
+        root = self._root
         assert root is not None
         rlimits, self._nproc = limits.rlimits(
             config, self._cgroups, mounted=root.bounded, own_uid=self._users.dropping
@@ -373,7 +409,7 @@ class Evaluator:
             return EvalResult("ValueError: embedded null byte", None)
         session = request.session
         if session is not None and request.session_resume and not self._live_touch(session):
-            raise SessionNotFound(session)  # before any install: nothing runs
+            raise self._not_found(session)  # before any install: nothing runs
         try:
             asked, layers = await self._layers(request.packages, command[0], request.session)
         except PackageRefused as exc:
@@ -494,7 +530,7 @@ class Evaluator:
         """What ``GET /info`` says: sessions, limits, interpreters and the package policy."""
         config, cache = self.config, self._packages
         return ServiceInfo(
-            max_sessions=config.session_limit,
+            max_sessions=self.session_limit,
             session_idle_timeout=config.session_idle_timeout,
             time_limit=config.time_limit,
             pythons=tuple(Python(p.version, p.path) for p in self._pythons),
@@ -519,11 +555,41 @@ class Evaluator:
         """Live sessions open now."""
         return self._live.count if self._live is not None else 0
 
+    @property
+    def session_limit(self) -> int:
+        """Live sessions at once: ``max_sessions``, or (once started) as many as half the memory
+        holds at what each may hold where it runs (see :func:`.limits.session_bytes`); before
+        :meth:`start`, the configuration's own default."""
+        if self._session_limit is not None:
+            return self._session_limit
+        return self.config.session_limit
+
+    @property
+    def sessions_ended_for_memory(self) -> int:
+        """Live sessions the memory watchdog ended since the start (see :mod:`.watchdog`)."""
+        return self._memory_ended.count
+
+    def _live_sandboxes(self) -> dict[str, Sandbox]:
+        return self._live.sandboxes() if self._live is not None else {}
+
+    def _not_found(self, session: str) -> SessionNotFound:
+        """The error for a session not held here, saying why when the watchdog ended it."""
+        return SessionNotFound(session, self._memory_ended.reason(session))
+
+    async def _end_for_memory(self, session: str, sandbox: Sandbox, held: int) -> bool:
+        """End ``session`` for the memory watchdog, if it still runs in ``sandbox``."""
+        live = self._live
+        if live is None or live.sandbox_of(session) is not sandbox:
+            return False
+        self._memory_ended.add(session, held)
+        await live.end(session)
+        return True
+
     async def _run_in_session(
         self, session: str, command: list[str], request: EvalRequest, layers: list[Layer]
     ) -> EvalResult:
         live = self._live
-        if live is None or self.config.session_limit == 0:
+        if live is None or self.session_limit == 0:
             return EvalResult("sessions are turned off (EVALUATOR_MAX_SESSIONS=0)", None)
         if not self._runs_as_agent(command):
             return EvalResult(
@@ -532,14 +598,25 @@ class Evaluator:
                 None,
             )
         if request.session_resume and not live.touch(session):  # checked again once it runs
-            raise SessionNotFound(session)
+            raise self._not_found(session)
         time_limit = min(request.time_limit or self.config.time_limit, self.config.time_limit)
         async with self._slot():
+            started = time.monotonic()
             try:
-                return await live.run(session, command[1:], request, time_limit, command[0], layers)
+                result = await live.run(
+                    session, command[1:], request, time_limit, command[0], layers
+                )
+            except SessionNotFound:
+                raise self._not_found(session) from None
             except (OSError, RuntimeError) as exc:
                 log.warning("a live session could not start: %s", exc)
                 return EvalResult(f"the session's interpreter could not start: {exc}", None)
+        why = self._memory_ended.reason(session, since=started)
+        if why is None:
+            self._memory_ended.forget(session)  # it runs: a later miss has another reason
+        elif result.session_ended:  # the watchdog ended it during this cell
+            result = replace(result, stdout=f"{result.stdout}\n[the session was {why}]\n")
+        return result
 
     def _session_argv(self, sandbox: Sandbox, executable: str) -> list[str]:
         """bwrap's command line of a session's agent started cold (see :mod:`.live`).
@@ -593,6 +670,9 @@ class Evaluator:
     async def aclose(self) -> None:
         """Stop: wait for the runs' clean-up, remove every sandbox, the cgroups and directories."""
         self._closing = True
+        if self._watchdog is not None:
+            await self._watchdog.aclose()
+            self._watchdog = None
         if self._live is not None:
             await self._live.aclose()
         if self._pool is not None:

@@ -29,6 +29,8 @@ import httpx
 import pytest
 
 import plotting
+from evaluator import EvaluatorConfig, limits
+from evaluator.cgroups import Cgroups
 from tests.support import closed_port, connect, wait_until_answers
 
 from . import dropped_binaries, isolation
@@ -441,6 +443,81 @@ async def _tool_description(url: str) -> str:
         tools = (await client.list_tools()).tools
     (tool,) = [t for t in tools if t.name == "execute_python_code"]
     return tool.description or ""
+
+
+#: As nobody: an evaluator in its process, a reading of /proc/meminfo short of memory once
+#: both sessions are open, until the watchdog ended one (see test_memory_watchdog.py).
+_WATCHDOG = """
+import asyncio, json
+from evaluator import Evaluator, EvaluatorConfig, SessionNotFound
+from evaluator.watchdog import MemInfo
+from snekbox_client import EvalRequest
+
+GiB = 1 << 30
+short = False
+
+def reading():
+    if short and evaluator.sessions_ended_for_memory == 0:
+        return MemInfo(24 * GiB, GiB)
+    return MemInfo(24 * GiB, 20 * GiB)
+
+async def cell(session, code, resume=False):
+    request = EvalRequest(args=("-c", code), session=session, session_resume=resume)
+    return await evaluator.run(request)
+
+async def main():
+    global short
+    out = {"limit": evaluator.session_limit}
+    async with evaluator:
+        out["limit"] = evaluator.session_limit
+        large = await cell("large", "held = bytearray(b'x') * (200 << 20)\\n"
+                           "open('/dev/shm/shm', 'wb').write(b'z' * (8 << 20))")
+        out["large"] = large.returncode
+        await cell("small", "kept = 'small'")
+        short = True
+        for _ in range(600):
+            if evaluator.sessions_ended_for_memory:
+                break
+            await asyncio.sleep(0.1)
+        out["small"] = (await cell("small", "print(kept)", True)).stdout
+        try:
+            await cell("large", "print(1)", True)
+        except SessionNotFound as exc:
+            out["refused"] = str(exc)
+    print(json.dumps(out))
+
+evaluator = Evaluator(
+    EvaluatorConfig(time_limit=30, preimport=(), warm_sandboxes=0, concurrency=2),
+    meminfo=reading,
+)
+asyncio.run(main())
+"""
+
+
+def test_without_a_memory_cgroup_the_cap_is_derived_and_the_watchdog_ends_the_largest(
+    venv: Path,
+) -> None:
+    """An ordinary user's evaluator counts each session at what its rlimits leave, and its
+    watchdog measures sessions it cannot ptrace as root would: their processes' memory
+    (nobody's, in a user namespace) and their /dev/shm."""
+    command: list[str | Path] = [
+        "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+        venv / "bin" / "python", "-c", _WATCHDOG,
+    ]  # fmt: skip
+    environment = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+    done = subprocess.run(
+        command, cwd="/", env=environment, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    defaults = EvaluatorConfig()
+    derived = defaults.sessions_within(limits.session_bytes(defaults, Cgroups({}, None)))
+    assert out["limit"] == derived < defaults.session_limit, out
+    assert (out["large"], out["small"]) == (0, "small\n"), out
+    assert "host was running out of memory" in out["refused"], out
+    held = int(out["refused"].split("its processes held ")[1].split(" MiB")[0])
+    assert held >= 208, out  # its heap and its /dev/shm
+    assert "ended live session large, whose processes held" in done.stderr, done.stderr
 
 
 # Last: it stops the module's service.
