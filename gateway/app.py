@@ -11,7 +11,7 @@ import contextlib
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from importlib import metadata
 from typing import Any
 
@@ -49,27 +49,34 @@ _OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 
 
 class StaticTokenVerifier:
-    """Accepts exactly one bearer token, compared in constant time."""
+    """Accepts the bearer tokens it is given, each naming its client (``client_id``).
 
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
+    Every token is compared, in constant time, whichever matches: how long a check takes does
+    not tell how much of a guess was right, nor which client's token it was near.
+    """
+
+    def __init__(self, tokens: Mapping[str, str]) -> None:
+        self._tokens = [(token.encode(), name) for token, name in tokens.items()]
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        if hmac.compare_digest(token.encode(), self._token):
-            return AccessToken(token=token, client_id="bearer", scopes=[])
-        return None
+        given = token.encode()
+        found = None
+        for known, name in self._tokens:
+            if hmac.compare_digest(given, known):
+                found = name
+        return None if found is None else AccessToken(token=token, client_id=found, scopes=[])
 
     def __repr__(self) -> str:
-        return "StaticTokenVerifier(token=<hidden>)"
+        return f"StaticTokenVerifier(clients={sorted(n for _, n in self._tokens)})"
 
 
 def create_server(gateway: Gateway) -> MCPServer[Any]:
     """The MCP server with its one tool, bound to ``gateway``; bearer auth when a token is set."""
     settings = gateway.settings
     auth: dict[str, Any] = {}
-    if settings.auth_token:
+    if settings.authenticated:
         auth = {
-            "token_verifier": StaticTokenVerifier(settings.auth_token),
+            "token_verifier": StaticTokenVerifier(settings.client_tokens),
             # The SDK's resource-server mode: it checks bearer tokens and answers 401 with
             # WWW-Authenticate; the issuer is only advertised, never contacted.
             "auth": AuthSettings(
@@ -263,7 +270,7 @@ def create_app(settings: Settings) -> Starlette:
         *streamable.routes,
     ]
     middleware = [Middleware(RequestDeadline, timeout=settings.request_timeout)]
-    if not settings.auth_token and not settings.allow_unauthenticated:
+    if not settings.authenticated and not settings.allow_unauthenticated:
         middleware.append(Middleware(LoopbackGuard, open_paths=_OPEN_PATHS))
     # Both sub-apps carry the same authentication middleware (none without a token).
     middleware += [*streamable.user_middleware, Middleware(SseSessions, table=sessions)]

@@ -8,7 +8,11 @@ in front of Snekbox, which keeps nothing between runs, the files are carried int
 through the ``files`` of ``POST /eval``, and into a new interpreter when one ended.
 
 A session ends when its client ends it, after ``idle_timeout`` seconds without a call, or when
-a new one needs its room (``max_sessions``: the longest idle goes first). A call naming an
+a new one needs its room. Room is shared fairly between clients (a token's name; without
+tokens, an MCP connection): a client holding ``per_client`` sessions makes room for its next
+one by closing its own longest idle; at ``max_sessions`` the longest idle session of the
+client holding the most is closed, so that a client flooding the gateway closes its own
+sessions before anyone else's. A session running a call is never closed. A call naming an
 ended session is told which of these happened (:class:`SessionGone`), never given a fresh
 one silently. A session belongs to the client that started it: with a bearer token, another
 token's calls do not find it.
@@ -79,13 +83,20 @@ class SessionGone(Exception):
 
 class SessionsBusy(Exception):
     """No session can start: every open one is running a call, and none is closed for it.
-    ``why``: what the call did about it (it waited in vain, or could not wait)."""
+    ``why``: what the call did about it (it waited in vain, or could not wait); ``own``: the
+    sessions counted are the client's own, at its share of the cap."""
 
-    def __init__(self, count: int, why: str = "") -> None:
+    def __init__(self, count: int, why: str = "", *, own: bool = False) -> None:
         self.count = count
+        self.own = own
         during = f" ({why})" if why else ""
+        whose = (
+            "of your sessions (your share of this gateway's)"
+            if own
+            else "sessions this gateway keeps"
+        )
         super().__init__(
-            f"All {count} sessions this gateway keeps are running a call{during}, so no new "
+            f"All {count} {whose} are running a call{during}, so no new "
             "session can start now; the code did not run. Retry in a few seconds, or continue "
             "a session with its session_id once its call has answered."
         )
@@ -99,6 +110,9 @@ class CodeSession:
     id: str
     owner: str | None
     name: str
+    #: Whose share of the sessions it takes (a token's name, an MCP connection; ``None``:
+    #: a client that cannot be told apart): see :class:`CodeSessions`.
+    client: str | None = None
     files: dict[str, bytes] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
     calls: int = 0
@@ -163,12 +177,16 @@ class CodeSessions:
         self,
         *,
         max_sessions: int,
+        per_client: int | None = None,
         idle_timeout: float,
         registry: CollectorRegistry,
         on_close: Callable[[CodeSession, Ending | None], None] | None = None,
         handles: SessionHandles | None = None,
+        named_clients: bool = False,
     ) -> None:
         self.max_sessions = max_sessions
+        #: Sessions one client may hold (``None``: three quarters of the cap, rounded up).
+        self.per_client = per_client
         self.handles = handles or SessionHandles()
         self.idle_timeout = idle_timeout
         #: Called with each session that closes and why (``None``: its first call failed):
@@ -183,6 +201,15 @@ class CodeSessions:
         self.created = Counter(
             "mcp_code_sessions_created", "Code sessions started", registry=registry
         )
+        #: Clients named by their tokens are counted by name (without tokens, MCP connections
+        #: are not: there would be a label per connection).
+        self.named_clients = named_clients
+        self._by_client = Gauge(
+            "mcp_code_sessions_open_by_client",
+            "Code sessions open now, by the client's token name",
+            ["client"],
+            registry=registry,
+        )
         self.ended = Counter(
             "mcp_code_sessions_closed",
             "Code sessions closed, by why: ended (by the client), expired (idle), evicted (cap)",
@@ -192,18 +219,26 @@ class CodeSessions:
         for why in ("ended", "expired", "evicted"):
             self.ended.labels(why)
 
-    def create(self, owner: str | None) -> CodeSession:
-        """A new session of ``owner``; the longest idle ones close first if the cap is reached.
+    def create(self, owner: str | None, client: str | None = None) -> CodeSession:
+        """A new session of ``owner``, counted in ``client``'s share; at a cap, idle sessions
+        close first to make room (see :meth:`_make_room`).
 
         Raises:
-            SessionsBusy: the cap is reached and every open session is running a call.
+            SessionsBusy: no idle session can make room.
         """
         handle = self.handles.issue(owner, None)
-        session = self._add(CodeSession(handle.text, owner, handle.name))
+        session = self._add(CodeSession(handle.text, owner, handle.name, client))
         self.created.inc()
         return session
 
-    def get(self, session_id: str, owner: str | None, *, adopt: bool = False) -> CodeSession:
+    def get(
+        self,
+        session_id: str,
+        owner: str | None,
+        *,
+        adopt: bool = False,
+        client: str | None = None,
+    ) -> CodeSession:
         """The open session ``session_id`` of ``owner``, now marked used. With ``adopt``, a
         session this gateway never saw whose handle is valid for ``owner`` (another gateway
         with the same secret started it) is taken on: live, on the replica it names.
@@ -222,6 +257,7 @@ class CodeSessions:
                         handle.text,
                         owner,
                         handle.name,
+                        client,
                         live=True,
                         replica=handle.replica,
                         adopted=True,
@@ -243,18 +279,56 @@ class CodeSessions:
             self._open[session.id] = session
 
     def _add(self, session: CodeSession) -> CodeSession:
-        """Open ``session``, closing the longest idle ones if the cap is reached: never one
-        whose call is running (it would be killed, and its result would blame the code)."""
+        """Open ``session``, once there is room for it (see :meth:`_make_room`)."""
         self.expire()
-        if len(self._open) >= self.max_sessions:
-            idle = [s.id for s in self._open.values() if not s.turns.busy]
-            excess = len(self._open) - self.max_sessions + 1
-            if len(idle) < excess:
-                raise SessionsBusy(len(self._open))
-            for session_id in idle[:excess]:
-                self._close(session_id, "evicted")
+        self._make_room(session.client)
         self._open[session.id] = session
+        self._count(session.client)
         return session
+
+    def _count(self, client: str | None) -> None:
+        """Publish how many sessions ``client`` holds now."""
+        if self.named_clients and client is not None:
+            held = sum(s.client == client for s in self._open.values())
+            self._by_client.labels(client).set(held)
+
+    def _make_room(self, client: str | None) -> None:
+        """Close idle sessions until ``client`` may open one more: first its own longest idle
+        while it holds its share (``per_client``), then, while the gateway holds
+        ``max_sessions``, the longest idle session of the client holding the most. A session
+        whose call runs is never closed (it would be killed, and its result would blame the
+        code).
+
+        Raises:
+            SessionsBusy: the sessions that would have to close are all running a call.
+        """
+        share = self.per_client if self.per_client is not None else -(-self.max_sessions * 3 // 4)
+        own = [s for s in self._open.values() if s.client == client]
+        while share < self.max_sessions and len(own) >= share:
+            idle = [s for s in own if not s.turns.busy]
+            if not idle:
+                raise SessionsBusy(len(own), own=True)
+            self._close(idle[0].id, "evicted")
+            own.remove(idle[0])
+        while len(self._open) >= self.max_sessions:
+            victim = self._fairest_victim()
+            if victim is None:
+                raise SessionsBusy(len(self._open))
+            self._close(victim.id, "evicted")
+
+    def _fairest_victim(self) -> CodeSession | None:
+        """The longest idle session of the client holding the most sessions (among those with
+        one idle; a tie goes to the client whose idle session is the oldest)."""
+        held: dict[str | None, int] = {}
+        oldest_idle: dict[str | None, CodeSession] = {}
+        for session in self._open.values():  # least recently used first
+            held[session.client] = held.get(session.client, 0) + 1
+            if not session.turns.busy:
+                oldest_idle.setdefault(session.client, session)
+        if not oldest_idle:
+            return None
+        client = max(oldest_idle, key=lambda c: (held[c], -oldest_idle[c].last_used))
+        return oldest_idle[client]
 
     def touch(self, session: CodeSession) -> None:
         """Mark ``session`` used now (a call began or ended)."""
@@ -290,6 +364,7 @@ class CodeSessions:
         """Forget a session whose id nobody was told (its first call failed)."""
         if self.is_open(session):
             del self._open[session.id]
+            self._count(session.client)
             if self.on_close is not None:
                 self.on_close(session, None)
 
@@ -304,6 +379,7 @@ class CodeSessions:
 
     def _close(self, session_id: str, why: Ending) -> None:
         session = self._open.pop(session_id)
+        self._count(session.client)
         session.files.clear()
         if self.on_close is not None:
             self.on_close(session, why)

@@ -20,6 +20,21 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.calls_by_client = Counter(
+            "mcp_tool_calls_by_client",
+            "execute_python_code calls by the client's token name and outcome (with tokens)",
+            ["client", "outcome"],
+            registry=self.registry,
+        )
+        self.interpreters_lost = Counter(
+            "mcp_interpreters_lost",
+            "Calls that found their session's live interpreter gone, by why: memory (the "
+            "evaluator's watchdog ended it, the host short of memory) or gone (anything else)",
+            ["why"],
+            registry=self.registry,
+        )
+        for why in ("memory", "gone"):
+            self.interpreters_lost.labels(why)
         self.duration = Histogram(
             "mcp_tool_call_duration_seconds",
             "Time from the call's arrival to its answer",

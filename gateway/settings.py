@@ -43,6 +43,7 @@ from .edge import is_loopback
 
 __all__ = [
     "SNEKBOX_WORKERS",
+    "ClientTokens",
     "Flag",
     "LogLevel",
     "Settings",
@@ -63,6 +64,71 @@ class TokenFile:
 
     path: Path
     token: str = field(repr=False)
+
+
+#: A client's name in a tokens file: it appears in logs and metrics.
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+#: The name of the client that sends MCP_AUTH_TOKEN.
+SINGLE_TOKEN_CLIENT = "default"
+#: The fewest characters a token of a tokens file may have: a guessable one is no token.
+MIN_TOKEN_CHARS = 16
+
+
+@dataclass(frozen=True)
+class ClientTokens:
+    """The bearer tokens of several clients, each with a name (``MCP_AUTH_TOKENS_FILE``).
+
+    The file holds one ``NAME TOKEN`` pair a line; blank lines and lines starting with ``#``
+    are skipped. Names are unique, so are tokens. The name tells the clients apart for the
+    fair sharing of sessions and appears in logs and metrics; the token never does.
+    """
+
+    path: Path
+    tokens: tuple[tuple[str, str], ...] = field(repr=False)
+
+    @classmethod
+    def read(cls, path: Path) -> ClientTokens:
+        """Parse the file at ``path``.
+
+        Raises:
+            ValueError: it cannot be read, or a line breaks a rule (its number is named; the
+                token is never shown).
+        """
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ValueError(f"the file cannot be read ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise ValueError("the file is not text") from None
+        tokens: dict[str, str] = {}
+        seen: set[str] = set()
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise ValueError(f"line {number} must be 'NAME TOKEN' (two words)")
+            name, token = parts
+            if not _CLIENT_NAME.fullmatch(name):
+                raise ValueError(
+                    f"line {number}: a name is 1-64 letters, digits, '.', '_' or '-', "
+                    "starting with a letter or digit"
+                )
+            if name in tokens:
+                raise ValueError(f"line {number}: the name {name!r} is given twice")
+            if len(token) < MIN_TOKEN_CHARS:
+                raise ValueError(
+                    f"line {number}: the token of {name!r} is shorter than "
+                    f"{MIN_TOKEN_CHARS} characters"
+                )
+            if token in seen:
+                raise ValueError(f"line {number}: the token of {name!r} is another's too")
+            tokens[name] = token
+            seen.add(token)
+        if not tokens:
+            raise ValueError("the file holds no 'NAME TOKEN' line")
+        return cls(path, tuple(tokens.items()))
 
 
 class Settings(ExplicitSettings):
@@ -88,6 +154,9 @@ class Settings(ExplicitSettings):
     auth_token_file: TokenFile | None = None
     #: A secret: never shown, in its repr or in a message (evaluator.settings).
     auth_token: str | None = Field(default=None, repr=False)
+    #: Several clients' named tokens (gateway.settings.ClientTokens); with MCP_AUTH_TOKEN too,
+    #: that one is the client named "default".
+    auth_tokens_file: ClientTokens | None = None
     #: Signs the session handles, so that every gateway replica given the same one can
     #: continue the others' sessions (gateway.handles); unset: a random one per process.
     session_secret: str | None = Field(default=None, repr=False, min_length=16)
@@ -126,8 +195,12 @@ class Settings(ExplicitSettings):
     max_image_side: PositiveInt = plotting.FIGURE_MAX_PIXELS
     #: Seconds between probes of what the evaluation service offers (gateway.backend).
     probe_interval: PositiveFloat = 600.0
-    #: Code sessions open at once (gateway.code_sessions); a new one closes the longest idle.
+    #: Code sessions open at once (gateway.code_sessions); a new one closes the longest idle
+    #: session of the client holding the most.
     max_code_sessions: PositiveInt = 64
+    #: Code sessions one client (a token's name; without tokens, an MCP connection) may hold;
+    #: its next one closes its own longest idle. Unset: three quarters of the cap, rounded up.
+    max_code_sessions_per_client: PositiveInt | None = None
     #: Seconds a code session may go without a call before it ends.
     code_session_idle_timeout: PositiveFloat = 900.0
     #: Bytes of files a code session keeps (sent in and written), carried into each run.
@@ -219,6 +292,13 @@ class Settings(ExplicitSettings):
             raise ValueError("the file is empty (it must hold the token)")
         return TokenFile(path, token)
 
+    @field_validator("auth_tokens_file", mode="before")
+    @classmethod
+    def _read_tokens_file(cls, value: Any) -> Any:
+        if not isinstance(value, str | Path):
+            return value
+        return ClientTokens.read(Path(value))
+
     @field_validator("auth_token", mode="after")
     @classmethod
     def _token_or_its_file(cls, token: str | None, info: ValidationInfo) -> str | None:
@@ -234,6 +314,20 @@ class Settings(ExplicitSettings):
     @classmethod
     def _lower_case(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @property
+    def client_tokens(self) -> dict[str, str]:
+        """Every accepted bearer token and the name of its client (empty: no authentication)."""
+        named = dict(self.auth_tokens_file.tokens) if self.auth_tokens_file else {}
+        by_token = {token: name for name, token in named.items()}
+        if self.auth_token:
+            by_token.setdefault(self.auth_token, SINGLE_TOKEN_CLIENT)
+        return by_token
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether clients must send a bearer token."""
+        return bool(self.auth_token or self.auth_tokens_file)
 
     @property
     def backend_workers(self) -> int:
@@ -271,7 +365,7 @@ class Settings(ExplicitSettings):
             ValueError: with the message to show the operator.
         """
         loopback = self.host == "localhost" or is_loopback(self.host)
-        if not loopback and not self.auth_token and not self.allow_unauthenticated:
+        if not loopback and not self.authenticated and not self.allow_unauthenticated:
             raise ValueError(
                 f"refusing to listen on {self.host} without authentication: anyone who reaches "
                 "this address could run code. Set MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE) to a "

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import time
 from dataclasses import replace
 from typing import Annotated, Any
@@ -88,8 +89,10 @@ class Gateway:
         self.metrics = Metrics(self.admission)
         self.sessions = CodeSessions(
             max_sessions=settings.max_code_sessions,
+            per_client=settings.max_code_sessions_per_client,
             idle_timeout=settings.code_session_idle_timeout,
             registry=self.metrics.registry,
+            named_clients=settings.authenticated,
             on_close=self._end_live_session,
             handles=SessionHandles(
                 settings.session_secret.encode() if settings.session_secret else None
@@ -129,7 +132,7 @@ class Gateway:
             await self._builtin.start()
             # The gateway closes sessions first (and ends their interpreters): the evaluator
             # never drops one that the gateway still holds.
-            limit = settings.evaluator_config.session_limit
+            limit = self._builtin.session_limit  # derived at start from what it enforces
             self.sessions.max_sessions = max(1, min(self.sessions.max_sessions, limit))
             self._client = InProcessClient(self._builtin, timeout=settings.timeout)
         self.backend = Backend(self._client, interval=settings.probe_interval)
@@ -347,6 +350,7 @@ class Gateway:
             float | None,
             Field(
                 gt=0,
+                allow_inf_nan=False,
                 description="this call's time limit in seconds; more than the maximum (said in "
                 "the tool's description) is lowered to it, and the result says so",
             ),
@@ -387,15 +391,22 @@ class Gateway:
                     f"{self.settings.max_code_chars:,}. Send less code, or generate the data "
                     "inside the code instead of pasting it."
                 )
+            client = _client(ctx)
+            if client is not None and self.settings.authenticated:
+                log["client"] = client
             try:
                 uploads = decode_files(
                     files or [],
                     max_files=self.settings.max_upload_files,
                     max_bytes=self.settings.max_upload_bytes,
                 )
-                session = await self._session(session_id)
+                if session_id is None:  # refused for its arguments, a call opens no session
+                    unopened = CodeSession("", _owner(), "", client)
+                    self._check_room(unopened, uploads)
+                    choices = await self._choices(code, python, packages, unopened)
+                session = await self._session(session_id, client)
                 self._check_room(session, uploads)
-            except (UploadRefused, SessionGone) as exc:
+            except (UploadRefused, SessionGone, ChoiceRefused) as exc:
                 outcome = "refused"
                 raise ToolError(str(exc)) from exc
             except SessionsBusy as exc:
@@ -410,7 +421,8 @@ class Gateway:
                         raise ToolError(str(self.sessions.gone(session.id)))
                     try:  # in its turn: as the call before left the session
                         self._check_room(session, uploads)
-                        choices = await self._choices(code, python, packages, session)
+                        if session_id is not None:  # a new one's were chosen before it opened
+                            choices = await self._choices(code, python, packages, session)
                     except (UploadRefused, ChoiceRefused) as exc:
                         outcome = "refused"
                         raise ToolError(str(exc)) from exc
@@ -470,6 +482,8 @@ class Gateway:
             self._wake()
             duration = time.monotonic() - started
             self.metrics.calls.labels(outcome).inc()
+            if "client" in log:
+                self.metrics.calls_by_client.labels(log["client"], outcome).inc()
             self.metrics.duration.observe(duration)
             _log_call(ctx, outcome, duration, log)
 
@@ -618,7 +632,7 @@ class Gateway:
         session.python = choices.python.executable_path if choices.python else None
         session.packages = choices.packages
 
-    async def _session(self, session_id: str | None) -> CodeSession:
+    async def _session(self, session_id: str | None, client: str | None) -> CodeSession:
         """The call's session: the one it names, or a new one. At the cap, with every session
         running a call, the call waits as for an evaluation slot (among ``max_waiting``, at
         most ``max_wait`` seconds) for a call to end, whose session then makes room.
@@ -631,8 +645,8 @@ class Gateway:
 
         def attempt() -> CodeSession:
             if session_id is not None:
-                return self.sessions.get(session_id, owner, adopt=self.live_backend)
-            return self.sessions.create(owner)
+                return self.sessions.get(session_id, owner, adopt=self.live_backend, client=client)
+            return self.sessions.create(owner, client)
 
         try:
             return attempt()
@@ -649,7 +663,7 @@ class Gateway:
                     except SessionsBusy as exc:
                         if anyio.current_time() >= deadline:
                             waited = f"none ended it within {self.admission.max_wait:g} s"
-                            raise SessionsBusy(exc.count, waited) from None
+                            raise SessionsBusy(exc.count, waited, own=exc.own) from None
         except Busy as exc:
             raise SessionsBusy(self.sessions.max_sessions, str(exc)) from None
 
@@ -812,6 +826,7 @@ class Gateway:
                     session=session.name if live else None,
                     session_resume=live and session.live,
                     end_sessions=ending,
+                    session_owner=_owner_name(session.client) if live else None,
                     executable_path=choices.python.executable_path if choices.python else None,
                     packages=choices.packages,
                 )
@@ -857,6 +872,9 @@ class Gateway:
             if self.live_backend and isinstance(exc, EvaluatorTimeout | ConnectionLost):
                 self._abandon_interpreter(session)  # the evaluator stops a cell left so
             elif lost is not None:
+                self.metrics.interpreters_lost.labels(
+                    "memory" if "out of memory" in lost else "gone"
+                ).inc()
                 session.live = session.prelude_loaded = False
                 if isinstance(exc, ReplicaGone):
                     session.replica = None  # the next call starts one elsewhere
@@ -920,15 +938,27 @@ class Gateway:
         return None
 
 
+#: How the built-in evaluator's 404 says that its memory watchdog ended a session (the number
+#: alone is taken from the service's text).
+_MEMORY_SHORT = re.compile(r"running out of memory \(its processes held (\d{1,9}) MiB")
+
+
 def _interpreter_lost(exc: SnekboxError, session: CodeSession) -> str | None:
     """The tool error for a call that resumed a live interpreter now gone, or ``None`` if
     ``exc`` is another failure: the evaluator no longer holds it (404), or the replica that
     did cannot be reached."""
     if isinstance(exc, EvaluatorRejected) and exc.status_code == 404:
-        why = (
-            "the evaluation service no longer holds it (it restarted, or ended the session "
-            "after its idle time or to make room for others)"
-        )
+        memory = _MEMORY_SHORT.search(exc.description or "")
+        if memory is not None:
+            why = (
+                "the evaluation service ended it because the host was running out of memory "
+                f"(its processes held {memory[1]} MiB, the most of any session)"
+            )
+        else:
+            why = (
+                "the evaluation service no longer holds it (it restarted, or ended the session "
+                "after its idle time or to make room for others)"
+            )
     elif isinstance(exc, ReplicaGone):
         why = f"the evaluation service's replica that held it is gone ({exc.reason})"
     else:  # unreachable for now, say: the interpreter may well be there still
@@ -954,6 +984,27 @@ def _owner() -> str | None:
     if token is None:
         return None
     return hashlib.sha256(f"{token.client_id}\0{token.token}".encode()).hexdigest()
+
+
+def _client(ctx: Context[Any, Any]) -> str | None:
+    """Whose share of the sessions a call takes: its token's client (a name), or without
+    authentication its MCP connection (the transport session's id); ``None`` for a
+    sessionless client, which cannot be told from another."""
+    token = get_access_token()
+    if token is not None:
+        return token.client_id
+    request = ctx.request_context.request if ctx.request_context else None
+    if isinstance(request, Request):
+        connection = request.headers.get("mcp-session-id") or request.query_params.get("session_id")
+        return f"connection {connection}" if connection else None
+    return None
+
+
+def _owner_name(client: str | None) -> str | None:
+    """``client`` as the evaluator's ``session_owner``: a digest, which names no one."""
+    if client is None:
+        return None
+    return hashlib.sha256(client.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _log_call(

@@ -9,7 +9,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -39,7 +39,11 @@ def settings() -> Settings:
 
 @contextlib.contextmanager
 def evaluator_service(
-    time_limit: float, *, sessions: bool = False, port: int | None = None
+    time_limit: float,
+    *,
+    sessions: bool = False,
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """``python -m evaluator`` as its own process, on ``port`` (a free one if not given).
 
@@ -49,8 +53,8 @@ def evaluator_service(
     port = port or closed_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "evaluator", "--port", str(port), "--log-level", "warning"]
-    env = {**os.environ, "EVALUATOR_MAX_SESSIONS": "4" if sessions else "0"}
-    process = subprocess.Popen([*command, "--time-limit", str(time_limit)], env=env)
+    environ = {**os.environ, "EVALUATOR_MAX_SESSIONS": "4" if sessions else "0", **(env or {})}
+    process = subprocess.Popen([*command, "--time-limit", str(time_limit)], env=environ)
     try:
         assert wait_until_answers(f"{url}/eval", process, method="OPTIONS").status_code == 200
         yield url

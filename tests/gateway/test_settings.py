@@ -251,3 +251,48 @@ def test_the_readme_lists_exactly_the_settings_with_their_defaults_and_flags() -
             assert not re.fullmatch(r"`[^`]*`", default), (name, default)
         else:
             assert default == shown(field.default), name
+
+
+def test_a_tokens_file_names_each_clients_token_and_never_shows_one(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        "# the team\nalice alice-0123456789abcdef\n\n  bob   bob-0123456789abcdef  \n"
+    )
+    settings = Settings.from_env(
+        {"MCP_AUTH_TOKENS_FILE": str(tokens), "MCP_AUTH_TOKEN": "single-0123456789abcdef"}
+    )
+    assert settings.client_tokens == {
+        "alice-0123456789abcdef": "alice",
+        "bob-0123456789abcdef": "bob",
+        "single-0123456789abcdef": "default",
+    }
+    assert settings.authenticated
+    Settings(host="0.0.0.0", auth_tokens_file=settings.auth_tokens_file).check()
+    assert "0123456789abcdef" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("alice\n", "line 1 must be 'NAME TOKEN' (two words)"),
+        ("alice a b c\n", "line 1 must be 'NAME TOKEN' (two words)"),
+        ("# none\n", "the file holds no 'NAME TOKEN' line"),
+        ("al/ice alice-0123456789abcdef\n", "line 1: a name is 1-64 letters"),
+        ("alice short\n", "line 1: the token of 'alice' is shorter than 16 characters"),
+        (
+            "alice alice-0123456789abcdef\nalice other-0123456789abcdef\n",
+            "line 2: the name 'alice' is given twice",
+        ),
+        (
+            "alice same-0123456789abcdef\nbob same-0123456789abcdef\n",
+            "line 2: the token of 'bob' is another's too",
+        ),
+    ],
+)
+def test_a_bad_tokens_file_is_refused_by_its_line(tmp_path: Path, text: str, why: str) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(text)
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"MCP_AUTH_TOKENS_FILE": str(tokens)})
+    assert f"MCP_AUTH_TOKENS_FILE={str(tokens)!r} is not allowed: {why}" in str(refused.value)
+    assert "0123456789abcdef" not in str(refused.value)
