@@ -13,8 +13,9 @@ This module is the face: the code lives in the :mod:`gateway` package, one conce
     gateway.settings      every setting declared once (pydantic-settings), read at start-up
     gateway.cli           python-mcp-server: flags from the settings, uvicorn, drain on SIGTERM
     gateway.app           the Starlette app: routes, bearer auth, the MCP server and its tool
-    gateway.edge          ASGI middleware: request body deadline, loopback only without a token
-    gateway.serving       uvicorn's protocol with a header deadline and a connection cap
+    gateway.edge          ASGI middleware: loopback only without a token
+    serving               shared with the evaluator: the settings framework, uvicorn's protocol
+                          with a header deadline and a connection cap, a request body deadline
     gateway.sessions      MCP sessions bounded in number, the longest idle closed first
     gateway.sse_sessions  the SSE transport's sessions in that count
     gateway.tool          Gateway: the evaluation service's client, the tool, its log line

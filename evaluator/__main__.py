@@ -19,12 +19,19 @@ import uvicorn
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from gateway import RequestDeadline, guarded_protocol
+from serving import (
+    ExplicitSettings,
+    Flag,
+    RequestDeadline,
+    SettingsError,
+    add_flags,
+    guarded_protocol,
+    load,
+)
 
 from .api import create_app
 from .config import EvaluatorConfig
 from .service import Evaluator
-from .settings import ExplicitSettings, Flag, SettingsError, add_flags, load
 
 __all__ = ["ServiceSettings", "main", "parse_args"]
 

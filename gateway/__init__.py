@@ -8,10 +8,9 @@ Configuration and start-up:
 Serving:
 
 - :mod:`gateway.app`: the Starlette app, its routes and bearer auth; the MCP server.
-- :mod:`gateway.serving`: how both services are served by uvicorn (a deadline for each
-  request's headers, a cap on connections).
-- :mod:`gateway.edge`: ASGI middleware at the edge (a deadline for each request's body, loopback
-  only without a token).
+- :mod:`gateway.edge`: ASGI middleware at the edge (loopback only without a token); the
+  deadlines for each request's headers and body and the cap on connections are the plumbing
+  both services share (:mod:`serving`).
 - :mod:`gateway.sessions`: MCP sessions bounded in number, the longest idle closed first;
   :mod:`gateway.sse_sessions`: the SSE transport's sessions in that count.
 
@@ -39,11 +38,10 @@ from __future__ import annotations
 from .admission import Admission, Busy
 from .app import StaticTokenVerifier, create_app, create_server
 from .cli import DrainingServer, main
-from .edge import LoopbackGuard, RequestDeadline, is_loopback
+from .edge import LoopbackGuard, is_loopback
 from .metrics import Metrics
 from .render import render_result
 from .schema import ExecutionResult, FileInfo, ImageInfo
-from .serving import GuardedH11Protocol, guarded_protocol
 from .sessions import SessionTable, StreamableSessions
 from .settings import Settings, SettingsError
 from .sse_sessions import SseSessions
@@ -58,11 +56,9 @@ __all__ = [
     "ExecutionResult",
     "FileInfo",
     "Gateway",
-    "GuardedH11Protocol",
     "ImageInfo",
     "LoopbackGuard",
     "Metrics",
-    "RequestDeadline",
     "SessionTable",
     "Settings",
     "SettingsError",
@@ -73,7 +69,6 @@ __all__ = [
     "create_app",
     "create_server",
     "describe_exit",
-    "guarded_protocol",
     "is_loopback",
     "main",
     "render_result",

@@ -31,8 +31,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from serving import RequestDeadline
+
 from .code_sessions import URI_SCHEME, SessionGone
-from .edge import LoopbackGuard, RequestDeadline
+from .edge import LoopbackGuard
 from .environment import ENVIRONMENT_URI
 from .render import mime_type
 from .sessions import SessionTable, StreamableSessions

@@ -1,7 +1,7 @@
 """``python-mcp-server``: flags from the settings' declaration, uvicorn, and a draining shutdown.
 
-The flags are the settings marked :class:`~evaluator.settings.Flag`, made as the evaluator's
-are (:func:`~evaluator.settings.add_flags`) and parsed before the environment is read, so
+The flags are the settings marked :class:`~serving.settings.Flag`, made as the evaluator's
+are (:func:`~serving.settings.add_flags`) and parsed before the environment is read, so
 ``--help`` works whatever the environment holds. A bad value, from a flag or a variable, stops
 start-up with one line (never a traceback).
 """
@@ -21,10 +21,9 @@ from typing import Any
 import anyio
 import uvicorn
 
-from evaluator.settings import add_flags
+from serving import add_flags, guarded_protocol
 
 from .app import create_app
-from .serving import guarded_protocol
 from .settings import Settings
 from .tool import Gateway
 

@@ -1,12 +1,12 @@
 """The gateway's settings: each one declared once, typed and validated, read once at start-up.
 
-:class:`Settings` is the declaration, an :class:`~evaluator.settings.ExplicitSettings` like the
+:class:`Settings` is the declaration, an :class:`~serving.settings.ExplicitSettings` like the
 evaluator's own. Every field is the environment variable ``MCP_<NAME>`` (``SNEKBOX_URL`` for
-:attr:`Settings.snekbox_url`); those marked :class:`~evaluator.settings.Flag` are also options
+:attr:`Settings.snekbox_url`); those marked :class:`~serving.settings.Flag` are also options
 of ``python-mcp-server`` (:mod:`gateway.cli`). ``Settings(...)`` takes values as arguments and
 reads nothing; :meth:`Settings.from_env` reads an environment (``os.environ`` at the entry
 point) and turns bad values into a :class:`SettingsError` of one line that names, for each, the
-variable or flag, the value and what is allowed (see :mod:`evaluator.settings`). The built-in
+variable or flag, the value and what is allowed (see :mod:`serving.settings`). The built-in
 evaluator's own settings (``EVALUATOR_*``) are its :class:`~evaluator.EvaluatorConfig`, held in
 :attr:`Settings.evaluator_config`.
 """
@@ -37,7 +37,7 @@ from pydantic_settings import SettingsConfigDict
 
 import plotting
 from evaluator import EvaluatorConfig
-from evaluator.settings import ExplicitSettings, Flag, SettingsError, comma_separated, load
+from serving import ExplicitSettings, Flag, SettingsError, comma_separated, load
 
 from .edge import is_loopback
 
@@ -152,7 +152,7 @@ class Settings(ExplicitSettings):
     port: Annotated[int, Field(ge=1, le=65535), Flag("port")] = 18080
     # Before auth_token, whose validation takes the token from the file.
     auth_token_file: TokenFile | None = None
-    #: A secret: never shown, in its repr or in a message (evaluator.settings).
+    #: A secret: never shown, in its repr or in a message (serving.settings).
     auth_token: str | None = Field(default=None, repr=False)
     #: Several clients' named tokens (gateway.settings.ClientTokens); with MCP_AUTH_TOKEN too,
     #: that one is the client named "default".
@@ -184,7 +184,7 @@ class Settings(ExplicitSettings):
     max_sessions: PositiveInt = 256
     #: Seconds a Streamable HTTP session may go without a request before it is closed.
     session_idle_timeout: PositiveFloat = 600.0
-    #: Seconds a request's headers, then its body, may take to arrive (gateway.serving, .edge).
+    #: Seconds a request's headers, then its body, may take to arrive (serving).
     request_timeout: PositiveFloat = 20.0
     #: Connections open at once; one more is answered 503 (python-mcp-server only).
     max_connections: PositiveInt = 512

@@ -9,7 +9,7 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "name", ["python_mcp_server", "gateway", "snekbox_client", "plotting", "evaluator"]
+    "name", ["python_mcp_server", "gateway", "snekbox_client", "plotting", "evaluator", "serving"]
 )
 def test_all_names_exist_and_public_classes_are_listed(name: str) -> None:
     module = importlib.import_module(name)

@@ -19,7 +19,7 @@ from pydantic_settings import SettingsConfigDict
 from evaluator import EvaluatorConfig
 from evaluator.__main__ import ServiceSettings, parse_args
 from evaluator.config import UNSANDBOXED_CONSENT
-from evaluator.settings import ExplicitSettings, Flag, SettingsError, load, shown_default
+from serving import ExplicitSettings, Flag, SettingsError, load, shown_default
 
 PROJECT = Path(__file__).resolve().parents[2]
 #: Every setting an operator sets, as the README's table lists it.

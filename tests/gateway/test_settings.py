@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-import evaluator.settings
 import gateway
+import serving
 from gateway.cli import main
 from gateway.settings import SNEKBOX_WORKERS, Settings, SettingsError
 from python_mcp_server import create_app
@@ -131,7 +131,7 @@ def test_every_bad_value_is_named_in_the_same_line() -> None:
 
 
 def test_the_gateway_and_the_evaluator_share_one_settings_error() -> None:
-    assert SettingsError is gateway.SettingsError is evaluator.settings.SettingsError
+    assert SettingsError is gateway.SettingsError is serving.SettingsError
 
 
 def test_help_works_whatever_the_environment_holds(

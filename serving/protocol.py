@@ -11,9 +11,9 @@ at the protocol level, the only place where a request that never finishes its he
   that trickle in after the answer (the app did not read them);
 - while ``max_connections`` connections are open, a new one is answered 503 and closed at once.
 
-The request body is bounded separately, by :class:`gateway.edge.RequestDeadline`, which works
+The request body is bounded separately, by :class:`serving.deadline.RequestDeadline`, which works
 however the app is served. Both services pass :func:`guarded_protocol` to uvicorn as ``http=``;
-under the uvicorn CLI, ``--http gateway.serving:GuardedH11Protocol`` gives the defaults.
+under the uvicorn CLI, ``--http serving.protocol:GuardedH11Protocol`` gives the defaults.
 
 h11 rather than httptools: uvicorn's ``auto`` picks httptools when it is installed, and this
 project does not install it; naming the class keeps the choice the same everywhere.

@@ -1,0 +1,42 @@
+"""Serving plumbing both services share; it imports neither (``gateway``, ``evaluator``).
+
+- :mod:`serving.settings`: settings read from environment variables and ``--flags``, both made
+  from one declaration (:class:`ExplicitSettings`, :func:`load`), refused values in one line.
+- :mod:`serving.protocol`: uvicorn's h11 protocol with a deadline for each request's headers
+  and a cap on connections (:func:`guarded_protocol`).
+- :mod:`serving.deadline`: ASGI middleware with a deadline for each request's body
+  (:class:`RequestDeadline`).
+
+The gateway (``python-mcp-server``) and the built-in evaluator (``python -m evaluator``) are
+each served with both bounds; the layering is checked by ``tests/test_layering.py``.
+"""
+
+from .deadline import RequestDeadline, send_text
+from .protocol import GuardedH11Protocol, guarded_protocol
+from .settings import (
+    EnvironmentSource,
+    ExplicitSettings,
+    Flag,
+    SettingsError,
+    add_flags,
+    comma_separated,
+    flag,
+    load,
+    shown_default,
+)
+
+__all__ = [
+    "EnvironmentSource",
+    "ExplicitSettings",
+    "Flag",
+    "GuardedH11Protocol",
+    "RequestDeadline",
+    "SettingsError",
+    "add_flags",
+    "comma_separated",
+    "flag",
+    "guarded_protocol",
+    "load",
+    "send_text",
+    "shown_default",
+]
