@@ -540,11 +540,6 @@ class Evaluator:
             install_timeout=None if cache is None else config.package_timeout,
         )
 
-    @property
-    def packages_off(self) -> str | None:
-        """Why this evaluator installs no packages (``None``: it does)."""
-        return None if self._packages is not None else self._packages_off
-
     async def end_session(self, session: str) -> None:
         """End a live session now (see :mod:`.live`); one it does not hold is no error."""
         if self._live is not None:
