@@ -58,24 +58,40 @@ class RunCgroup:
         kill_file: bool,
         oom_counter: Path | None = None,
         weight: tuple[Path, str] | None = None,
+        *,
+        background: bool = False,
     ) -> None:
         self.dirs = dirs
         self._kill_file = kill_file
         self._oom_counter = oom_counter
-        #: The CPU weight file and the normal weight, for a cgroup made in the background.
+        #: The CPU weight file and the weight of every run (``None``: no cpu controller).
         self._weight = weight
+        self._background = background and weight is not None
+
+    @property
+    def weighs_cpu(self) -> bool:
+        """Whether a cpu controller weighs it: :meth:`background` then lowers its share."""
+        return self._weight is not None
 
     @property
     def in_background(self) -> bool:
-        """Whether it was made with the least CPU weight, to be raised by :meth:`foreground`."""
-        return self._weight is not None
+        """Whether it has the least CPU weight now, to be raised by :meth:`foreground`."""
+        return self._background
 
     def foreground(self) -> None:
-        """Give a cgroup made in the background the CPU weight of every run."""
-        if self._weight is not None:
+        """Give a cgroup made or put in the background the CPU weight of every run."""
+        if self._weight is not None and self._background:
             file, value = self._weight
             file.write_text(value)
-            self._weight = None
+            self._background = False
+
+    def background(self) -> None:
+        """Give it the least CPU weight: its processes then get only CPU time that no other
+        run wants (a live session between cells), until :meth:`foreground`."""
+        if self._weight is not None and not self._background:
+            file, _ = self._weight
+            file.write_text(_LEAST_WEIGHT[file.name])
+            self._background = True
 
     @property
     def procs_files(self) -> tuple[str, ...]:
@@ -232,9 +248,9 @@ class Cgroups:
                 d.mkdir()
                 dirs.append(d)
                 for file, value in hierarchy.limits:
-                    if background and file in _LEAST_WEIGHT:
+                    if file in _LEAST_WEIGHT:
                         weight = (d / file, value)
-                        value = _LEAST_WEIGHT[file]
+                        value = _LEAST_WEIGHT[file] if background else value
                     (d / file).write_text(value)
                 if hierarchy is memory:
                     oom_counter = d / (
@@ -244,7 +260,7 @@ class Cgroups:
             for d in dirs:
                 d.rmdir()
             raise
-        return RunCgroup(tuple(dirs), self.version == 2, oom_counter, weight)
+        return RunCgroup(tuple(dirs), self.version == 2, oom_counter, weight, background=background)
 
     def sweep(self) -> int:
         """Remove run cgroups left by evaluator processes that no longer exist."""

@@ -13,8 +13,14 @@ it past the output limit (as a one-shot run, 143) and when the interpreter dies 
 ``os._exit``): the answer says so
 (``session_ended``), and the next run naming the id starts a new interpreter. Sessions also end
 after ``session_idle_timeout`` seconds without a run (looked for on a timer, not only when a
-request comes), when :meth:`LiveSessions.end` is asked, or to make room (``session_limit``: the
-longest idle goes first).
+request comes), when :meth:`LiveSessions.end` is asked, or to make room (``session_limit``):
+the longest idle session of the owner holding the most (``session_owner``, the new session
+counted; sessions without one count as one owner), so that a client flooding the service ends
+its own sessions before anyone else's.
+
+Between cells a session's processes are held (see :mod:`.idle`): at the least CPU weight of its
+cgroup, or, without a cpu controller, stopped; a cell gets them back running before its code
+is sent, so idle sessions take no CPU time a run wants.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from ._agent import WARM
 from .cgroups import RunCgroup
 from .config import EvaluatorConfig
 from .errors import SessionNotFound
+from .idle import IdleHold
 from .jail import INVALID_UTF8, Outcome, decode_output
 from .packages import Layer, PackageRefused
 from .pool import Sandbox, SandboxPool
@@ -55,6 +62,10 @@ class _Session:
     id: str
     sandbox: Sandbox
     executable: str
+    #: Whom it counts against when room is made (``session_owner``).
+    owner: str | None
+    #: Holds its processes between cells.
+    idle: IdleHold
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     retired: bool = False
@@ -137,7 +148,7 @@ class LiveSessions:
         if session is None:
             if request.session_resume and session_id not in self._starting:
                 raise SessionNotFound(session_id)
-            session = await self._start(session_id, executable)
+            session = await self._start(session_id, executable, request.session_owner)
         if session.executable != executable:
             return EvalResult(
                 f"this session's interpreter is {session.executable}, not {executable}: a "
@@ -155,6 +166,7 @@ class LiveSessions:
             self._open.move_to_end(session_id)
             ended = True
             try:
+                await session.idle.release()  # running again before its code is sent
                 result = await self._cell(session, args, request, time_limit, layers)
                 ended = bool(result.session_ended) or self._open.get(session_id) is not session
                 return result
@@ -162,6 +174,8 @@ class LiveSessions:
                 session.last_used = time.monotonic()
                 if ended:
                     self._discard(session)
+                else:  # idle until its next cell: what its code left running waits too
+                    session.idle.hold()
 
     async def _cell(
         self,
@@ -203,8 +217,9 @@ class LiveSessions:
         )
         return EvalResult(stdout, outcome.returncode, files, ended_by, not alive)
 
-    async def _start(self, session_id: str, executable: str) -> _Session:
-        """The session's interpreter, started (once, however many runs ask at the same time)."""
+    async def _start(self, session_id: str, executable: str, owner: str | None) -> _Session:
+        """The session's interpreter, started (once, however many runs ask at the same time),
+        counted against ``owner``."""
         starting = self._starting.get(session_id)
         if starting is not None:
             return await asyncio.shield(starting)
@@ -212,10 +227,9 @@ class LiveSessions:
         self._starting[session_id] = future
         try:
             while self._open and len(self._open) >= self._config.session_limit:
-                idle = [s for s in self._open.values() if not s.lock.locked()]
-                oldest = (idle or list(self._open.values()))[0]
-                log.info("live session ended to make room: %s", oldest.id)
-                self._close(oldest)
+                victim = self._to_make_room(owner)
+                log.info("live session of %s ended to make room: %s", victim.owner, victim.id)
+                self._close(victim)
             # A warm sandbox runs the default interpreter, its modules imported.
             default = executable == self._config.executable
             sandbox = self._pool.take_warm() if default else None
@@ -229,7 +243,8 @@ class LiveSessions:
             if self._closed:  # the service stopped while it started
                 self._pool.retire(sandbox)
                 raise RuntimeError("the evaluator is stopping")
-            session = _Session(session_id, sandbox, executable)
+            hold = IdleHold(sandbox.process.pid, sandbox.cgroup)
+            session = _Session(session_id, sandbox, executable, owner, hold)
             self._open[session_id] = session
             self._keep_expiring()
             future.set_result(session)
@@ -240,6 +255,22 @@ class LiveSessions:
             raise
         finally:
             del self._starting[session_id]
+
+    def _to_make_room(self, newcomer: str | None) -> _Session:
+        """The session to end for a new one of ``newcomer``: the longest idle of the owner
+        holding the most sessions (the new one counted); between owners holding as many, the
+        one whose longest idle session is the oldest. Busy sessions are ended only when no
+        session is idle (the least recently used of that owner, as for idle ones)."""
+        held: dict[str | None, int] = {newcomer: 1}
+        for session in self._open.values():
+            held[session.owner] = held.get(session.owner, 0) + 1
+        sessions = list(self._open.values())  # least recently used first
+        candidates = [s for s in sessions if not s.lock.locked()] or sessions
+        oldest: dict[str | None, int] = {}  # each owner's longest idle candidate, by position
+        for position, session in enumerate(candidates):
+            oldest.setdefault(session.owner, position)
+        owner = max(oldest, key=lambda o: (held[o], -oldest[o]))
+        return candidates[oldest[owner]]
 
     async def _start_cold(self, executable: str) -> Sandbox:
         sandbox = self._pool.take_for_session()
@@ -294,6 +325,7 @@ class LiveSessions:
         cell runs in it (a running cell's run does that, seeing it killed)."""
         if self._open.get(session.id) is session:
             del self._open[session.id]
+        session.idle.release_now()
         session.sandbox.process.kill()
         if not session.lock.locked():
             self._discard(session)
@@ -304,6 +336,7 @@ class LiveSessions:
         session.retired = True
         if self._open.get(session.id) is session:
             del self._open[session.id]
+        session.idle.release_now()
         session.sandbox.process.kill()
         self._pool.retire(session.sandbox)
 

@@ -7,6 +7,7 @@ promise is tested whichever user starts the evaluator (in-process as root in
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -221,3 +222,51 @@ def check_victim_untouched(host: Path, owner: int) -> None:
     assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o644, owner)
     assert sorted(os.listdir(host)) == ["victim"]
     assert host.stat().st_uid == owner
+
+
+def idle_spinners(marker: str) -> str:
+    """A live session's cell that leaves a spinning thread (counting in ``ticks``) and a spinning
+    child process (``child``, ``marker`` in its command line) behind, and returns once both
+    spin: what an idle session may not keep burning the CPU with."""
+    return (
+        "import os, subprocess, sys, threading, time\n"
+        "ticks = [0]\n"
+        "def _spin():\n    while True:\n        ticks[0] += 1\n"
+        "spinner = threading.Thread(target=_spin, daemon=True)\nspinner.start()\n"
+        "code = \"open('spinning', 'w').close()\\nwhile 1: pass\"\n"
+        f"child = subprocess.Popen([sys.executable, '-c', code, {marker!r}])\n"
+        "while not os.path.exists('spinning') or not ticks[0]:\n    time.sleep(0.01)\n"
+    )
+
+
+def spinners_again(wait_for: str | None = None) -> str:
+    """The next cell of :func:`idle_spinners`: once the thread counts again, whether it lives,
+    the child's exit status and state (``R``: running; ``T``: stopped), ``True None R`` when
+    both run again; then, with ``wait_for``, it waits for that file to be there."""
+    return (
+        "import os, time\n"
+        "seen = ticks[0]\n"
+        "while ticks[0] == seen:\n    time.sleep(0.01)\n"
+        "state = open(f'/proc/{child.pid}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+        "print(spinner.is_alive(), child.poll(), state, flush=True)\n"
+        f"while {wait_for!r} and not os.path.exists({wait_for!r}):\n    time.sleep(0.01)\n"
+    )
+
+
+def tree_states(pid: int) -> dict[int, str]:
+    """The state (``/proc/<pid>/stat``: ``R``, ``S``, ``T``...) of ``pid`` and of every
+    process below it, as far as they are there."""
+    states: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            stat = Path(f"/proc/{parent}/stat").read_text()
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        states[parent] = stat.rsplit(")", 1)[1].split()[0]
+        for task in tasks:
+            with contextlib.suppress(OSError):
+                todo += map(int, Path(f"/proc/{parent}/task/{task}/children").read_text().split())
+    return states

@@ -17,7 +17,9 @@ import pytest
 
 import plotting
 from evaluator import Evaluator, SessionNotFound, _agent, create_app
+from evaluator.cgroups import RunCgroup
 from evaluator.jail import read_what_the_pipe_holds
+from evaluator.pool import Sandbox
 from snekbox_client import EvalRequest, EvalResult, File
 
 from . import isolation
@@ -476,3 +478,87 @@ async def test_an_interrupt_in_the_preludes_own_work_ends_the_cell_and_nothing_m
         "ran\nKeyboardInterrupt: the time limit came as the code ended\n",
     )
     assert (await run("print(x + 1)")).stdout == "2\n"
+
+
+#: The CPU weight files of a cgroup, each with a run's weight and the least.
+WEIGHTS = {"cpu.shares": ("1024", "2"), "cpu.weight": ("100", "1")}
+
+
+def cpu_weight(sandbox: Sandbox) -> tuple[str, str]:
+    """The CPU weight file (v1 ``cpu.shares``, v2 ``cpu.weight``) of a sandbox's cgroup, and
+    the weight read there."""
+    for directory in sandbox.cgroup.dirs if sandbox.cgroup is not None else ():
+        for name in WEIGHTS:
+            if (directory / name).exists():
+                return name, (directory / name).read_text().strip()
+    pytest.skip("no cpu controller here: the stop fallback's test covers this machine")
+
+
+async def test_an_idle_session_has_the_least_cpu_weight_until_its_next_cell(
+    evaluator: Evaluator,
+) -> None:
+    """Between cells, what a cell left spinning gets only CPU time no run wants (the least
+    weight of its cgroup); its next cell has the weight of every run from its start, and finds
+    the spinning thread and child process alive and running."""
+    live = evaluator._live
+    assert live is not None
+    marker = f"idle-spinner-{os.getpid()}-weight"
+    assert (await cell(evaluator, "spin", isolation.idle_spinners(marker))).returncode == 0
+    sandbox = live.sandbox_of("spin")
+    assert sandbox is not None
+    file, weight = cpu_weight(sandbox)
+    normal, least = WEIGHTS[file]
+    assert weight == least
+    again = asyncio.create_task(cell(evaluator, "spin", isolation.spinners_again("go")))
+    with anyio.fail_after(60):
+        while not live._open["spin"].lock.locked():  # noqa: ASYNC110 - nothing to wait on
+            await asyncio.sleep(0.05)
+    assert cpu_weight(sandbox)[1] == normal  # before its code was sent, and while it runs
+    (sandbox.workdir.path / "go").touch()
+    assert (await again).stdout == "True None R\n"
+    assert cpu_weight(sandbox)[1] == least
+
+
+async def test_an_idle_session_without_a_cpu_controller_is_stopped_until_its_next_cell(
+    evaluator: Evaluator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback where no cpu controller weighs the sandbox (an ordinary user's; here made
+    so): between cells every process of the session's tree is stopped, the outer bwrap, its
+    init, the interpreter with its spinning thread and the child it started; the next cell
+    finds them running again."""
+    monkeypatch.setattr(RunCgroup, "weighs_cpu", property(lambda self: False))
+    live = evaluator._live
+    assert live is not None
+    marker = f"idle-spinner-{os.getpid()}-stop"
+    assert (await cell(evaluator, "stop", isolation.idle_spinners(marker))).returncode == 0
+    sandbox = live.sandbox_of("stop")
+    assert sandbox is not None
+    with anyio.fail_after(60):
+        while set((states := isolation.tree_states(sandbox.process.pid)).values()) != {"T"}:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    (child,) = isolation.processes_with(marker)
+    assert child in states  # with bwrap, its init and the interpreter
+    assert (await cell(evaluator, "stop", isolation.spinners_again())).stdout == "True None R\n"
+    # Ending it ends its stopped processes, as any kill does.
+    with anyio.fail_after(60):
+        while set(isolation.tree_states(sandbox.process.pid).values()) != {"T"}:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    await evaluator.end_session("stop")
+    with anyio.fail_after(60):
+        while isolation.processes_with(marker):  # noqa: ASYNC110 - nothing to wait on
+            await asyncio.sleep(0.05)
+
+
+async def test_room_is_made_from_the_owner_holding_the_most_sessions() -> None:
+    """At the cap, a new session of an owner holding the most ends that owner's longest idle
+    session, not the longest idle of all (another owner's, older)."""
+    async with Evaluator(config(time_limit=10, preimport=(), max_sessions=3)) as evaluator:
+        for session, owner in (("b1", "B"), ("a1", "A"), ("a2", "A"), ("a3", "A")):
+            started = await cell(evaluator, session, f"x = {session!r}", session_owner=owner)
+            assert (started.returncode, started.session_ended) == (0, False)
+        assert evaluator.live_sessions == 3
+        kept = await cell(evaluator, "b1", "print(x)", session_resume=True)
+        assert kept.stdout == "b1\n"
+        with pytest.raises(SessionNotFound, match="'a1'"):
+            await cell(evaluator, "a1", "print(x)", session_resume=True)
+        assert (await cell(evaluator, "a2", "print(x)", session_resume=True)).stdout == "a2\n"

@@ -520,6 +520,33 @@ def test_without_a_memory_cgroup_the_cap_is_derived_and_the_watchdog_ends_the_la
     assert "ended live session large, whose processes held" in done.stderr, done.stderr
 
 
+def test_an_idle_session_of_an_ordinary_user_is_stopped_until_its_next_cell(
+    service: tuple[str, subprocess.Popen[str]],
+) -> None:
+    """No cpu controller here: between cells every process of the session's sandbox is stopped
+    (a spinning thread and child process take no CPU); its next cell finds them running."""
+    url, evaluator = service
+    marker = f"idle-spinner-{uuid.uuid4().hex}"
+
+    def cell(code: str) -> dict[str, object]:
+        answer = httpx.post(f"{url}/eval", json={"input": code, "session": "spin"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()  # type: ignore[no-any-return]
+
+    assert cell(isolation.idle_spinners(marker))["returncode"] == 0
+    (sandbox,) = isolation.processes_with(marker)
+    while (
+        parent := int(Path(f"/proc/{sandbox}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    ) != evaluator.pid:
+        sandbox = parent  # up to the sandbox's outer bwrap, the service's child
+    deadline = time.monotonic() + 60
+    while set((states := isolation.tree_states(sandbox)).values()) != {"T"}:
+        assert time.monotonic() < deadline, states
+        time.sleep(0.05)
+    assert len(states) >= 4  # bwrap, its init, the interpreter, the child
+    assert cell(isolation.spinners_again())["stdout"] == "True None R\n"
+
+
 # Last: it stops the module's service.
 def test_startup_log_tells_which_limits_hold(
     service: tuple[str, subprocess.Popen[str]],
