@@ -21,9 +21,8 @@ plain ``http`` URL whose host resolves to several addresses (replicas behind one
 requests spread over them (:class:`BalancingTransport`).
 """
 
-from ._answer import AnswerReader
-from ._balancing import REPLICA, AddressState, BalancingTransport, Resolver, resolve
-from ._client import DEFAULT_TIMEOUT, SnekboxClient
+from ._balancing import BalancingTransport
+from ._client import SnekboxClient
 from ._exceptions import (
     ConnectionLost,
     EvaluatorRejected,
@@ -36,11 +35,7 @@ from ._exceptions import (
 from ._models import (
     CONTENT_WANTED_FIELD,
     END_SESSIONS_FIELD,
-    ENDED_BY_FIELD,
-    INSTALL_SECONDS_FIELD,
-    INSTALLED_FIELD,
     PACKAGES_FIELD,
-    SESSION_ENDED_FIELD,
     SESSION_FIELD,
     SESSION_OWNER_FIELD,
     SESSION_RESUME_FIELD,
@@ -56,20 +51,12 @@ from ._models import (
 
 __all__ = [
     "CONTENT_WANTED_FIELD",
-    "DEFAULT_TIMEOUT",
-    "ENDED_BY_FIELD",
     "END_SESSIONS_FIELD",
-    "INSTALLED_FIELD",
-    "INSTALL_SECONDS_FIELD",
     "PACKAGES_FIELD",
-    "REPLICA",
-    "SESSION_ENDED_FIELD",
     "SESSION_FIELD",
     "SESSION_OWNER_FIELD",
     "SESSION_RESUME_FIELD",
     "TIME_LIMIT_FIELD",
-    "AddressState",
-    "AnswerReader",
     "BalancingTransport",
     "ConnectionLost",
     "ContentWanted",
@@ -83,9 +70,7 @@ __all__ = [
     "InvalidResponse",
     "Python",
     "ReplicaGone",
-    "Resolver",
     "ServiceInfo",
     "SnekboxClient",
     "SnekboxError",
-    "resolve",
 ]

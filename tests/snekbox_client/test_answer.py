@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from snekbox_client import (
-    AnswerReader,
     ContentWanted,
     EndedBy,
     EvalResult,
     File,
     InvalidResponse,
 )
+from snekbox_client._answer import AnswerReader
 
 EVERYTHING = ContentWanted(("*",), 1 << 30)
 

@@ -27,8 +27,8 @@ from snekbox_client import (
     EvaluatorUnavailable,
     ReplicaGone,
     SnekboxClient,
-    resolve,
 )
+from snekbox_client._balancing import resolve
 
 from .conftest import IDENTIFY, REPLICAS, evaluator_at, port_free_on
 
