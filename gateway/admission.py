@@ -3,11 +3,19 @@
 The limit matches what the evaluation service runs at once (its workers, by default), so a call
 waits here, where the wait is bounded and said, rather than in the service's own queue, where
 the gateway could not tell waiting from running.
+
+Slots are shared fairly between clients (a token's name; see :mod:`.code_sessions`): a slot
+that comes free goes to a waiting call of the client running the fewest evaluations (among
+those, of the client served the longest ago, then the first in line), not simply to the first
+in line, and one client's calls may take at
+most three quarters of the wait queue. A client flooding the gateway waits behind its own calls;
+another client's call waits at most for one running evaluation to end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 
@@ -51,27 +59,64 @@ class Admission:
         self.limit = limit
         self.max_waiting = max_waiting
         self.max_wait = max_wait
-        self.in_flight = 0
         self.waiting = 0
-        self._slots = anyio.Semaphore(limit)
+        self._free = limit
+        #: Evaluations each client runs now.
+        self._running: collections.Counter[str | None] = collections.Counter()
+        #: Calls waiting for a slot, in arrival order: (client, the future the slot is given by).
+        self._queue: list[tuple[str | None, asyncio.Future[None]]] = []
+        #: When each client running or waiting was last given a slot (a count of grants).
+        self._served: dict[str | None, int] = {}
+        self._grants = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Evaluations running now."""
+        return self.limit - self._free
 
     @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one slot for the block, waiting for it within the bounds.
+    async def slot(self, client: str | None = None) -> AsyncIterator[None]:
+        """Hold one slot for the block on behalf of ``client``, waiting for it within the
+        bounds.
 
         Raises:
-            Busy: the queue is full, or no slot came free within ``max_wait``.
+            Busy: the queue (or the client's share of it) is full, or no slot came free
+                within ``max_wait``.
         """
-        try:
-            self._slots.acquire_nowait()
-        except anyio.WouldBlock:
-            await self._wait_for_slot()
-        self.in_flight += 1
+        if self._free > 0 and not self._queue:
+            self._free -= 1
+            self._grant(client)
+        else:
+            await self._wait_for_slot(client)
         try:
             yield
         finally:
-            self.in_flight -= 1
-            self._slots.release()
+            self._release(client)
+
+    def _grant(self, client: str | None) -> None:
+        self._running[client] += 1
+        self._grants += 1
+        self._served[client] = self._grants
+
+    def _release(self, client: str | None) -> None:
+        """Give ``client``'s slot to the waiting call whose client runs the fewest (of those,
+        the one served the longest ago; then the first in line), or free it."""
+        self._running[client] -= 1
+        if self._running[client] <= 0:
+            del self._running[client]
+            if all(c != client for c, _ in self._queue):
+                del self._served[client]  # nothing of it left: its record is not kept
+        if not self._queue:
+            self._free += 1
+            return
+
+        def rank(index: int) -> tuple[int, int, int]:
+            taker = self._queue[index][0]
+            return self._running[taker], self._served.get(taker, 0), index
+
+        taker, future = self._queue.pop(min(range(len(self._queue)), key=rank))
+        self._grant(taker)
+        future.set_result(None)
 
     @contextlib.asynccontextmanager
     async def turn(self, turns: Turns) -> AsyncIterator[None]:
@@ -119,14 +164,27 @@ class Admission:
         finally:
             self.waiting -= 1
 
-    async def _wait_for_slot(self) -> None:
+    async def _wait_for_slot(self, client: str | None) -> None:
         if self.waiting >= self.max_waiting:
             raise Busy(f"all {self.limit} slots are running and {self.waiting} calls are waiting")
+        share = -(-self.max_waiting * 3 // 4)
+        if share < self.max_waiting and sum(c == client for c, _ in self._queue) >= share:
+            raise Busy(f"{share} of this client's calls are waiting already")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (client, future)
+        self._queue.append(entry)
         self.waiting += 1
         try:
             with anyio.fail_after(self.max_wait):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise Busy(f"no slot came free within {self.max_wait:g} s") from None
+                await asyncio.shield(future)
+        except BaseException as exc:
+            if future.done():  # the slot was given as the wait ended: pass it on
+                self._release(client)
+            else:
+                self._queue.remove(entry)
+                future.cancel()
+            if isinstance(exc, TimeoutError):
+                raise Busy(f"no slot came free within {self.max_wait:g} s") from None
+            raise
         finally:
             self.waiting -= 1

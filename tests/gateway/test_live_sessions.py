@@ -163,23 +163,24 @@ async def test_an_ended_or_evicted_session_ends_its_interpreter(
         assert gateway.sessions.max_sessions == 3
 
 
-async def test_a_session_closed_by_a_refused_call_still_ends_its_interpreter(
+async def test_a_call_refused_for_its_arguments_at_the_cap_closes_no_interpreter(
     live_gateway: tuple[str, Any], transport: str
 ) -> None:
-    """A call that starts a session at the cap closes the longest idle one, whose interpreter
-    its request would end: refused before any request, the call ends it on its way out."""
+    """At the cap, a call that would start a session but is refused for its arguments is
+    refused before its session opens: no session is closed for it, and every interpreter lives
+    on (it used to close the longest idle one, then end its interpreter on its way out)."""
     url, app = live_gateway
     async with connect(url, transport) as client:
-        for n in range(3):  # the gateway's cap, and the evaluator's: every other one is closed
-            facts(await call_code(client, f"n = {n}"))
+        ids = [facts(await call_code(client, f"n = {n}"))["session_id"] for n in range(3)]
         with anyio.fail_after(30):
             while live_count(app) < 3:  # noqa: ASYNC110 - those closed end in the background
                 await anyio.sleep(0.05)
         refused = await call_code(client, "print(1)", python="0.1")
         assert refused.is_error and "is not offered here" in text_of(refused)
-        with anyio.fail_after(30):
-            while live_count(app) > 2:  # noqa: ASYNC110 - ended in the background
-                await anyio.sleep(0.05)
+        assert live_count(app) == 3
+        for n, session_id in enumerate(ids):
+            resumed = await call_code(client, "print(n)", session_id=session_id)
+            assert text_of(resumed).startswith(f"{n}\n"), text_of(resumed)
 
 
 async def test_the_readmes_three_call_analysis(

@@ -1,14 +1,17 @@
-"""Fair sharing of code sessions between clients: the table's rules, without any server.
+"""Fair sharing between clients, without any server: the session table's rules and the slots'.
 
 A client holding its share closes its own longest idle session for a new one; at the cap the
-client holding the most gives one up; a session running a call is never closed.
+client holding the most gives one up; a session running a call is never closed. A slot that
+comes free goes to the client running the fewest evaluations.
 """
 
 from __future__ import annotations
 
+import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.admission import Admission, Busy
 from gateway.code_sessions import CodeSession, CodeSessions, SessionGone, SessionsBusy
 
 
@@ -91,3 +94,80 @@ def test_sessions_of_clients_that_cannot_be_told_apart_share_one_share() -> None
     table = _table(4, per_client=2)
     anonymous = _open(table, None, 3)
     assert _why(table, anonymous[0]) == "evicted"
+
+
+# --- evaluation slots ---------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_free_slot_goes_to_the_client_running_the_fewest() -> None:
+    admission = Admission(limit=1, max_waiting=8, max_wait=30)
+    order: list[str] = []
+    release = anyio.Event()
+
+    async def call(client: str, hold: bool = False) -> None:
+        async with admission.slot(client):
+            order.append(client)
+            if hold:
+                await release.wait()
+
+    async with anyio.create_task_group() as calls:
+        calls.start_soon(call, "flood", True)
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(3):
+            calls.start_soon(call, "flood")
+        await anyio.wait_all_tasks_blocked()
+        calls.start_soon(call, "calm")  # last in line
+        await anyio.wait_all_tasks_blocked()
+        assert admission.waiting == 4
+        release.set()
+    assert order == ["flood", "calm", "flood", "flood", "flood"]
+    assert (admission.in_flight, admission.waiting) == (0, 0)
+
+
+@pytest.mark.anyio
+async def test_one_client_may_fill_three_quarters_of_the_wait_queue() -> None:
+    admission = Admission(limit=1, max_waiting=4, max_wait=30)
+    release = anyio.Event()
+
+    async def call(client: str) -> None:
+        async with admission.slot(client):
+            await release.wait()
+
+    async with anyio.create_task_group() as calls:
+        for _ in range(4):  # one runs, three wait: the flood's share
+            calls.start_soon(call, "flood")
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(Busy, match="3 of this client's calls are waiting"):
+            async with admission.slot("flood"):
+                pass
+        calls.start_soon(call, "calm")  # the last place is another client's
+        await anyio.wait_all_tasks_blocked()
+        assert admission.waiting == 4
+        release.set()
+    assert (admission.in_flight, admission.waiting) == (0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_slot_given_to_a_call_cancelled_meanwhile_passes_on() -> None:
+    admission = Admission(limit=1, max_waiting=4, max_wait=30)
+    got: list[str] = []
+    async with anyio.create_task_group() as calls:
+        async with admission.slot("a"):
+            waiter = anyio.CancelScope()
+
+            async def cancelled() -> None:
+                with waiter:
+                    async with admission.slot("b"):
+                        got.append("b")
+
+            async def patient() -> None:
+                async with admission.slot("c"):
+                    got.append("c")
+
+            calls.start_soon(cancelled)
+            calls.start_soon(patient)
+            await anyio.wait_all_tasks_blocked()
+        waiter.cancel()  # the slot was just handed to "b", which goes before it runs
+    assert got in (["c"], ["b", "c"])
+    assert (admission.in_flight, admission.waiting) == (0, 0)
