@@ -43,16 +43,34 @@ class ServiceSettings(ExplicitSettings):
 
     model_config = SettingsConfigDict(env_prefix="EVALUATOR_")
 
-    host: Annotated[str, Field(min_length=1), Flag("address to listen on")] = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65_535), Flag("port to listen on")] = 8060
+    host: Annotated[
+        str,
+        Field(min_length=1, description="`python -m evaluator` only: address to listen on"),
+        Flag("address to listen on"),
+    ] = "127.0.0.1"
+    port: Annotated[
+        int,
+        Field(ge=1, le=65_535, description="`python -m evaluator` only: port to listen on"),
+        Flag("port to listen on"),
+    ] = 8060
     request_timeout: Annotated[
         float,
-        Field(gt=0, le=3600),
+        Field(
+            gt=0,
+            le=3600,
+            description="`python -m evaluator` only: seconds a request's headers may take to "
+            "arrive, then as long again for its body; later: 408, connection closed",
+        ),
         Flag("seconds a request's headers, then as long again its body, may take; then 408"),
     ] = 30.0
     max_connections: Annotated[
         int,
-        Field(ge=1, le=1_000_000),
+        Field(
+            ge=1,
+            le=1_000_000,
+            description="`python -m evaluator` only: connections open at once; one more is "
+            "answered 503 and closed at once",
+        ),
         Flag("connections open at once; one more is answered 503 and closed"),
     ] = 256
 

@@ -135,30 +135,69 @@ class EvaluatorConfig(ExplicitSettings):
     # Bounds: finite, and never so low that the sandbox itself cannot start (bwrap, its pid 1
     # and the interpreter are 3 processes; numpy still imports in 16 MiB), so that a bad value
     # is refused here rather than by a failing start-up probe.
-    time_limit: Annotated[float, Field(gt=0, le=_DAY), Flag("wall-clock seconds per run")] = 15.0
-    memory_limit: Annotated[int, Field(ge=16, le=_TiB_IN_MiB), Flag("MiB of memory per run")] = 384
-    pids_limit: Annotated[int, Field(ge=4, le=4_194_304), Flag("processes and threads per run")] = (
-        64
-    )
-    output_limit: Annotated[int, Field(ge=1, le=1 << 30), Flag("bytes of output per run")] = (
-        1_000_000
-    )
+    time_limit: Annotated[
+        float,
+        Field(
+            gt=0,
+            le=_DAY,
+            description="wall-clock seconds per run, then the whole process tree is killed (137)",
+        ),
+        Flag("wall-clock seconds per run"),
+    ] = 15.0
+    memory_limit: Annotated[
+        int,
+        Field(
+            ge=16,
+            le=_TiB_IN_MiB,
+            description="MiB of memory per run, swap and tmpfs included (137 when exceeded); a "
+            "warm sandbox's pre-imported modules count too (about 70 MiB)",
+        ),
+        Flag("MiB of memory per run"),
+    ] = 384
+    pids_limit: Annotated[
+        int,
+        Field(
+            ge=4,
+            le=4_194_304,
+            description="processes and threads per run (a fork bomb stops there)",
+        ),
+        Flag("processes and threads per run"),
+    ] = 64
+    output_limit: Annotated[
+        int,
+        Field(ge=1, le=1 << 30, description="bytes of output, then SIGTERM (143)"),
+        Flag("bytes of output per run"),
+    ] = 1_000_000
     workdir_size: Annotated[
-        int, Field(ge=1, le=_TiB_IN_MiB), Flag("MiB of the working directory")
+        int,
+        Field(
+            ge=1,
+            le=_TiB_IN_MiB,
+            description="MiB of the per-run working directory, the only writable place",
+        ),
+        Flag("MiB of the working directory"),
     ] = 48
     workdir_inodes: Annotated[int, Field(ge=16)] = 4096
-    max_files: Annotated[int, Field(ge=0, le=1_000_000), Flag("output files returned at most")] = (
-        100
-    )
+    max_files: Annotated[
+        int,
+        Field(ge=0, le=1_000_000, description="output files returned per run"),
+        Flag("output files returned at most"),
+    ] = 100
     file_parse_timeout: Annotated[float, Field(gt=0, le=_DAY)] = 5.0
     shm_size: Annotated[int, Field(ge=1, le=_TiB_IN_MiB)] = 40
     threads: Annotated[int, Field(ge=1, le=1024)] = 4
     concurrency: Annotated[
-        int, Field(ge=1, le=10_000), Flag("runs at once", default="CPU count")
+        int,
+        Field(ge=1, le=10_000, description="runs at once; the others wait"),
+        Flag("runs at once", default="CPU count"),
     ] = Field(default_factory=_cpu_count)
     max_queue: Annotated[
         int | None,
-        Field(ge=0, le=1_000_000),
+        Field(
+            ge=0,
+            le=1_000_000,
+            description='runs allowed to wait; one more gets an immediate "busy" (503)',
+        ),
         Flag("runs allowed to wait; one more is answered 503", default="4 x concurrency"),
     ] = None
     executable: Annotated[str, Field(min_length=1)] = Field(default_factory=lambda: sys.executable)
@@ -170,6 +209,10 @@ class EvaluatorConfig(ExplicitSettings):
     prewarm: bool = True
     unsandboxed: Annotated[
         bool,
+        Field(
+            description="`i-understand-this-runs-code-unsandboxed` runs code with **no sandbox at "
+            "all** (debugging only; warns on every start)"
+        ),
         Flag(
             f"{UNSANDBOXED_CONSENT} runs code WITHOUT the sandbox: no isolation at all, "
             "for debugging only",
@@ -179,16 +222,39 @@ class EvaluatorConfig(ExplicitSettings):
     ] = False
     sandbox_uid: Annotated[
         int,
+        Field(
+            description="as root: the first host uid (and gid) of the sandboxes, one per sandbox "
+            "alive (see [What a run can and cannot "
+            "do](security.md#what-a-run-can-and-cannot-do-built-in-evaluator))"
+        ),
         Flag("as root: the first host uid (and gid) of the sandboxes"),
     ] = 2_000_000_000
     cpu_limit: Annotated[
-        float, Field(ge=0.01, le=10_000), Flag("CPUs each run may use at most")
+        float,
+        Field(
+            ge=0.01,
+            le=10_000,
+            description="CPUs each run may use at most (a cgroup quota; every run also has the "
+            "same CPU weight)",
+        ),
+        Flag("CPUs each run may use at most"),
     ] = 1.0
     max_request_files: Annotated[
-        int, Field(ge=0, le=1_000_000), Flag("files a request may send in; 400 above")
+        int,
+        Field(
+            ge=0,
+            le=1_000_000,
+            description="files a request may send in (400 above, before any other check)",
+        ),
+        Flag("files a request may send in; 400 above"),
     ] = 1000
     preimport: Annotated[
         tuple[str, ...],
+        Field(
+            description="modules a warm sandbox imports before the code arrives (matplotlib with "
+            "the Agg backend), comma-separated; empty: none (the interpreter is still started "
+            "ahead)"
+        ),
         Flag(
             "modules a warm sandbox imports before the code arrives, comma-separated; empty: none",
             default="numpy,pandas,matplotlib.pyplot",
@@ -197,12 +263,28 @@ class EvaluatorConfig(ExplicitSettings):
     ] = ("numpy", "pandas", "matplotlib.pyplot")
     warm_sandboxes: Annotated[
         int,
-        Field(ge=0, le=10_000),
+        Field(
+            ge=0,
+            le=10_000,
+            description="sandboxes kept warm while idle, each used by one run; `0`: none",
+        ),
         Flag("sandboxes kept warm while idle (interpreter started, PREIMPORT imported); 0: none"),
     ] = 2
     max_sessions: Annotated[
         int | None,
-        Field(ge=0, le=100_000),
+        Field(
+            ge=0,
+            le=100_000,
+            description="live sessions (a sandbox and its interpreter kept between calls) at "
+            "once; a new one ends the longest idle session of the owner holding the most "
+            "(`session_owner`, the new one counted; sessions without an owner count as one), so a "
+            "client flooding it ends its own first; a session is counted at the memory limit "
+            "where a memory cgroup enforces it, else at its interpreter's address-space rlimit "
+            "(memory limit + 512 MiB) plus the working directory and `/dev/shm` (984 MiB by "
+            "default: 12 sessions on 24 GiB, not 31; `GET /info` says the value in force); a "
+            "gateway with the evaluator in its process lowers its `MCP_MAX_CODE_SESSIONS` to it; "
+            "`0`: none (sessions then keep files only)",
+        ),
         Flag(
             "live sessions at once (the longest idle ends first); 0: none",
             default="half the machine's memory over what a session may hold",
@@ -210,12 +292,25 @@ class EvaluatorConfig(ExplicitSettings):
     ] = None
     session_idle_timeout: Annotated[
         float,
-        Field(gt=0, le=7 * 86400),
+        Field(
+            gt=0,
+            le=7 * 86400,
+            description="seconds a live session may go without a run before its interpreter ends "
+            "(looked for every quarter of it, at most a minute apart, whether requests come or "
+            "not)",
+        ),
         Flag("seconds a live session may go without a run before it ends"),
     ] = 900.0
     memory_reserve: Annotated[
         float,
-        Field(ge=0, lt=1),
+        Field(
+            ge=0,
+            lt=1,
+            description="share of the host's memory (`MemTotal`) kept available: while "
+            "`MemAvailable` is below it, the live session whose processes hold the most memory "
+            "(resident memory no file backs, plus its working directory and `/dev/shm`) is ended, "
+            "one a second, and its next call is told why; `0`: off",
+        ),
         Flag(
             "share of the host's memory kept available: below it, the live session holding "
             "the most memory ends; 0: off"
@@ -223,7 +318,12 @@ class EvaluatorConfig(ExplicitSettings):
     ] = 0.1
     max_request_bytes: Annotated[
         int | None,
-        Field(ge=1, le=1 << 40),
+        Field(
+            ge=1,
+            le=1 << 40,
+            description="largest request body (413 above; a larger `Content-Length` is refused "
+            "before the body is read)",
+        ),
         Flag(
             "largest request body; 413 above",
             default="working directory in base64 + 4 MiB (68 MiB)",
@@ -232,31 +332,67 @@ class EvaluatorConfig(ExplicitSettings):
 
     packages: Annotated[
         str,
+        Field(
+            description="packages a call may ask for: `off`, `any`, or a comma-separated "
+            "allow-list of project names (see [Packages and Python versions](packages.md))"
+        ),
         Flag("packages a request may ask for: off, any, or a comma-separated allow-list"),
     ] = "any"
     package_index: Annotated[
         str | None,
+        Field(description="an index URL, or a folder of wheels, packages are installed from"),
         Flag("index URL or directory of wheels for packages", default="uv's configured index"),
     ] = None
     package_cache: Annotated[
         str | None,
+        Field(
+            description="directory of the installed sets, kept across restarts; made if missing, "
+            "otherwise left as it is: the runs' users must be able to traverse it (`o+x`), "
+            "read-only"
+        ),
         Flag(
             "directory of installed package sets",
             default="$XDG_CACHE_HOME/mcp-python-evaluator/packages",
         ),
     ] = None
     package_cache_size: Annotated[
-        int, Field(ge=1, le=_TiB_IN_MiB), Flag("MiB the package cache may take")
+        int,
+        Field(
+            ge=1,
+            le=_TiB_IN_MiB,
+            description="MiB the package cache may take; the least recently used sets go first",
+        ),
+        Flag("MiB the package cache may take"),
     ] = 4096
     package_set_size: Annotated[
-        int, Field(ge=1, le=_TiB_IN_MiB), Flag("MiB one installed package set may take")
+        int,
+        Field(
+            ge=1, le=_TiB_IN_MiB, description="MiB one installed set may take (`too large` above)"
+        ),
+        Flag("MiB one installed package set may take"),
     ] = 512
     package_timeout: Annotated[
-        float, Field(gt=0, le=_DAY), Flag("seconds resolving or installing one set may take")
+        float,
+        Field(
+            gt=0,
+            le=_DAY,
+            description="seconds resolving, then installing, one set may take (`timed out` above)",
+        ),
+        Flag("seconds resolving or installing one set may take"),
     ] = 120.0
-    uv: Annotated[str | None, Flag("the uv executable", default="uv from PATH or its wheel")] = None
+    uv: Annotated[
+        str | None,
+        Field(
+            description="the uv that installs packages; not found: packages are refused, saying so"
+        ),
+        Flag("the uv executable", default="uv from PATH or its wheel"),
+    ] = None
     pythons: Annotated[
         tuple[str, ...] | None,
+        Field(
+            description="interpreters a call may choose (`python`), comma-separated paths or "
+            "versions uv finds; the default interpreter is always one"
+        ),
         Flag(
             "interpreters a run may choose, comma-separated paths or versions",
             default="those uv would find",
@@ -264,6 +400,10 @@ class EvaluatorConfig(ExplicitSettings):
     ] = None
     python_packages: Annotated[
         tuple[str, ...],
+        Field(
+            description="installed once (from the package index) for every interpreter but the "
+            "default; empty: none"
+        ),
         Flag(
             "installed for every interpreter but the default, comma-separated; empty: none",
             default="numpy,pandas,matplotlib",

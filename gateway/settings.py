@@ -143,71 +143,214 @@ class Settings(ExplicitSettings):
 
     snekbox_url: Annotated[
         str | None,
+        Field(
+            description="a Snekbox-compatible service to evaluate with; unset: the built-in "
+            "evaluator, in-process"
+        ),
         Flag("Snekbox to evaluate code with", default="the built-in evaluator", metavar="URL"),
     ] = None
-    #: Snekbox: the interpreters of its image a call may choose, ``{"3.12": "/path"}`` (from
-    #: ``3.12=/path,3.13=/path``); the built-in evaluator says its own (``GET /info``).
-    snekbox_pythons: dict[str, str] | None = None
-    host: Annotated[str, Field(min_length=1), Flag("address to bind")] = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65535), Flag("port")] = 18080
-    # Before auth_token, whose validation takes the token from the file.
-    auth_token_file: TokenFile | None = None
-    #: A secret: never shown, in its repr or in a message (serving.settings).
-    auth_token: str | None = Field(default=None, repr=False)
-    #: Several clients' named tokens (gateway.settings.ClientTokens); with MCP_AUTH_TOKEN too,
-    #: that one is the client named "default".
-    auth_tokens_file: ClientTokens | None = None
-    #: Signs the session handles, so that every gateway replica given the same one can
-    #: continue the others' sessions (gateway.handles); unset: a random one per process.
-    session_secret: str | None = Field(default=None, repr=False, min_length=16)
-    allow_unauthenticated: Annotated[bool, Flag("serve a non-loopback address without a token")] = (
-        False
+    # ``{"3.12": "/path"}``; the built-in evaluator says its own (``GET /info``).
+    snekbox_pythons: dict[str, str] | None = Field(
+        default=None,
+        description="with the real Snekbox: `VERSION=/path` pairs, comma-separated, naming the "
+        "interpreters of its image a call may choose (`python`)",
     )
-    allowed_hosts: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
-    max_in_flight: PositiveInt | None = None
-    max_waiting: NonNegativeInt = 32
-    max_wait: NonNegativeFloat = 30.0
-    eval_timeout: PositiveFloat | None = None
-    #: A floor, so that progress notifications cannot flood a client (0 sent 98,180 a second).
-    progress_interval: float = Field(default=2.0, ge=0.1)
-    #: Room for max_upload_bytes of binary files in base64 (4/3 as many bytes), and the code.
-    max_request_bytes: PositiveInt = 6 * 1024 * 1024
-    max_code_chars: PositiveInt = 1_000_000
-    max_output_chars: PositiveInt = 20_000
-    max_image_bytes: NonNegativeInt = 512 * 1024
-    max_images: NonNegativeInt = 16
-    log_level: Annotated[LogLevel, Flag("log level")] = "info"
-    log_code: bool = False
-    shutdown_grace: NonNegativeFloat = 30.0
-    #: Sessions open at once, both transports; a new one closes the longest idle (gateway.sessions).
-    max_sessions: PositiveInt = 256
-    #: Seconds a Streamable HTTP session may go without a request before it is closed.
-    session_idle_timeout: PositiveFloat = 600.0
-    #: Seconds a request's headers, then its body, may take to arrive (serving).
-    request_timeout: PositiveFloat = 20.0
-    #: Connections open at once; one more is answered 503 (python-mcp-server only).
-    max_connections: PositiveInt = 512
-    #: Bytes of one serialized tool result at most, images included (MCP clients accept 1 MiB);
-    #: at least enough for the status and the lists of names.
-    max_result_bytes: int = Field(default=1024 * 1024, ge=16 * 1024)
-    #: Pixels a side of a figure returned at most (the prelude draws within FIGURE_MAX_PIXELS).
-    max_image_side: PositiveInt = plotting.FIGURE_MAX_PIXELS
-    #: Seconds between probes of what the evaluation service offers (gateway.backend).
-    probe_interval: PositiveFloat = 600.0
-    #: Code sessions open at once (gateway.code_sessions); a new one closes the longest idle
-    #: session of the client holding the most.
-    max_code_sessions: PositiveInt = 64
-    #: Code sessions one client (a token's name; without tokens, an MCP connection) may hold;
-    #: its next one closes its own longest idle. Unset: three quarters of the cap, rounded up.
-    max_code_sessions_per_client: PositiveInt | None = None
-    #: Seconds a code session may go without a call before it ends.
-    code_session_idle_timeout: PositiveFloat = 900.0
-    #: Bytes of files a code session keeps (sent in and written), carried into each run.
-    max_session_bytes: PositiveInt = 8 * 1024 * 1024
-    #: Files one call may send in, and their bytes once decoded (the request is bounded too).
-    max_upload_files: PositiveInt = 64
-    max_upload_bytes: PositiveInt = 3 * 1024 * 1024
+    host: Annotated[
+        str,
+        Field(
+            min_length=1,
+            description="address to listen on (IPv6 too, e.g. `::`); anything but loopback "
+            "needs a token (or `MCP_ALLOW_UNAUTHENTICATED`)",
+        ),
+        Flag("address to bind"),
+    ] = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535, description="port to listen on"), Flag("port")] = (
+        18080
+    )
+    # Before auth_token, whose validation takes the token from the file.
+    auth_token_file: TokenFile | None = Field(
+        default=None,
+        description="read the token from this file (Docker secrets), which must hold one; "
+        "`MCP_AUTH_TOKEN` wins if both are set",
+    )
+    #: A secret: never shown, in its repr or in a message (serving.settings).
+    auth_token: str | None = Field(
+        default=None,
+        repr=False,
+        description="bearer token clients must send (`Authorization: Bearer <token>`) on "
+        "`/sse`, `/messages/`, `/mcp`",
+    )
+    # Parsed by gateway.settings.ClientTokens.
+    auth_tokens_file: ClientTokens | None = Field(
+        default=None,
+        description="several clients' tokens: a file of `NAME TOKEN` lines (`#` comments and "
+        "blank lines skipped; names of letters, digits, `.`, `_`, `-`, unique; tokens of 16 "
+        "characters or more, unique). Each client's sessions are its own and it gets its own "
+        "share of them; its name, never its token, is in the log (`client`) and the metrics. "
+        "With `MCP_AUTH_TOKEN` too, that token is the client `default`",
+    )
+    # Signs the session handles (gateway.handles).
+    session_secret: str | None = Field(
+        default=None,
+        repr=False,
+        min_length=16,
+        description="at least 16 characters that sign the session ids: every gateway replica "
+        "given the same secret (and the same `SNEKBOX_URL`, built-in evaluator) continues the "
+        "others' live sessions; keep it as secret as the token",
+        json_schema_extra={"shown_default": "unset (a random one per process)"},
+    )
+    allow_unauthenticated: Annotated[
+        bool,
+        Field(
+            description="serve a non-loopback address without a token (when a proxy in front "
+            "authenticates)"
+        ),
+        Flag("serve a non-loopback address without a token"),
+    ] = False
+    allowed_hosts: tuple[str, ...] = Field(
+        default=(),
+        description="extra `Host` values accepted (comma-separated, `host:*` for any port): "
+        "DNS-rebinding protection",
+        json_schema_extra={"shown_default": "loopback"},
+    )
+    allowed_origins: tuple[str, ...] = Field(
+        default=(),
+        description="extra `Origin` values accepted (comma-separated)",
+        json_schema_extra={"shown_default": "loopback"},
+    )
+    max_in_flight: PositiveInt | None = Field(
+        default=None,
+        description="evaluations at once, across both transports; above the service's own "
+        "workers, calls wait in its queue, where `MCP_MAX_WAIT` does not apply",
+        json_schema_extra={
+            "shown_default": "the evaluator's concurrency (2 with `SNEKBOX_URL`: Snekbox's workers)"
+        },
+    )
+    max_waiting: NonNegativeInt = Field(
+        default=32,
+        description="calls allowed to wait for a slot (or for their session's running call, or "
+        'for a session to make room); one more is told "busy, retry" at once',
+    )
+    max_wait: NonNegativeFloat = Field(
+        default=30.0,
+        description="seconds a call may wait for a slot (and, apart, for its session's running "
+        'call, or for room for a new session) before it is told "busy, retry"',
+    )
+    eval_timeout: PositiveFloat | None = Field(
+        default=None,
+        description="seconds to wait for the evaluation service's answer",
+        json_schema_extra={"shown_default": "time limit + 10 s (30 with `SNEKBOX_URL`)"},
+    )
+    # A floor, so that progress notifications cannot flood a client (0 sent 98,180 a second).
+    progress_interval: float = Field(
+        default=2.0,
+        ge=0.1,
+        description="seconds between progress notifications to clients that ask for them (at "
+        "least 0.1)",
+    )
+    max_request_bytes: PositiveInt = Field(
+        default=6 * 1024 * 1024,
+        description="largest HTTP request body (413 above); room for `MCP_MAX_UPLOAD_BYTES` of "
+        "binary files in base64 (4/3 as many bytes) and 2 MB of code",
+    )
+    max_code_chars: PositiveInt = Field(default=1_000_000, description="longest code accepted")
+    max_output_chars: PositiveInt = Field(
+        default=20_000, description="output longer than this is cut in the middle"
+    )
+    max_image_bytes: NonNegativeInt = Field(
+        default=512 * 1024,
+        description="PNG bytes returned per call, so a result stays under 1 MiB",
+    )
+    max_images: NonNegativeInt = Field(
+        default=16, description="figures returned per call (the rest are listed)"
+    )
+    log_level: Annotated[
+        LogLevel, Field(description="`debug`, `info`, `warning`, `error`"), Flag("log level")
+    ] = "info"
+    log_code: bool = Field(
+        default=False, description="also log each call's code and output (debugging only)"
+    )
+    shutdown_grace: NonNegativeFloat = Field(
+        default=30.0,
+        description="on SIGTERM, seconds to let calls in flight finish (new calls are turned away)",
+    )
+    # gateway.sessions
+    max_sessions: PositiveInt = Field(
+        default=256,
+        description="MCP sessions open at once, both transports together (an SSE session is its "
+        "open `/sse` stream); a new one closes the session idle the longest without a call in "
+        "flight, and is refused (503) only if every one has a call in flight",
+    )
+    session_idle_timeout: PositiveFloat = Field(
+        default=600.0,
+        description="seconds a Streamable HTTP session may go without a request before it is "
+        "closed (its id then answers 404, and the client starts a new session)",
+    )
+    # serving: the headers' deadline in the protocol, the body's in the middleware.
+    request_timeout: PositiveFloat = Field(
+        default=20.0,
+        description="seconds a request's headers may take to arrive (from the connection's "
+        "opening, or on a kept-alive connection from their first byte), then as long again for "
+        "its body; later: 408, connection closed",
+    )
+    # python-mcp-server only: plain uvicorn has its own (see docs/operations.md).
+    max_connections: PositiveInt = Field(
+        default=512,
+        description="connections open at once; one more is answered 503 and closed at once",
+    )
+    # At least enough for the status and the lists of names.
+    max_result_bytes: int = Field(
+        default=1024 * 1024,
+        ge=16 * 1024,
+        description="bytes of one serialized result at most, images included (at least 16384)",
+    )
+    # The prelude draws within FIGURE_MAX_PIXELS.
+    max_image_side: PositiveInt = Field(
+        default=plotting.FIGURE_MAX_PIXELS,
+        description="pixels a side of a figure returned at most",
+    )
+    # gateway.backend
+    probe_interval: PositiveFloat = Field(
+        default=600.0,
+        description="seconds between the probes of what the evaluation service offers (its "
+        "Python, packages and sessions), which the tool's description says; the description is "
+        "made again when an answer changes it",
+    )
+    # gateway.code_sessions
+    max_code_sessions: PositiveInt = Field(
+        default=64,
+        description="code sessions (`session_id`: a working directory's files kept across "
+        "calls) open at once; a new one closes the longest idle session of the client holding "
+        "the most, never one running a call (its id then answers that it was closed to make "
+        "room), and is refused only if every one that could go is running a call",
+    )
+    max_code_sessions_per_client: PositiveInt | None = Field(
+        default=None,
+        description="code sessions one client (a token's name; without tokens, an MCP "
+        "connection) may hold; its next one closes its own longest idle",
+        json_schema_extra={
+            "shown_default": "three quarters of `MCP_MAX_CODE_SESSIONS`, rounded up"
+        },
+    )
+    code_session_idle_timeout: PositiveFloat = Field(
+        default=900.0,
+        description="seconds a code session may go without a call before it ends (its id then "
+        "answers that it expired)",
+    )
+    # Carried into each run.
+    max_session_bytes: PositiveInt = Field(
+        default=8 * 1024 * 1024,
+        description="bytes of files a code session keeps (sent in and written), their names "
+        "included; a written file that does not fit is listed as not kept",
+    )
+    max_upload_files: PositiveInt = Field(
+        default=64, description="files one call may send in (`files`)"
+    )
+    max_upload_bytes: PositiveInt = Field(
+        default=3 * 1024 * 1024,
+        description="bytes of those files once decoded, in all (the request body is bounded by "
+        "`MCP_MAX_REQUEST_BYTES` too)",
+    )
     #: Read from the EVALUATOR_* variables by the evaluator's own declaration.
     evaluator_config: InstanceOf[EvaluatorConfig] = Field(default_factory=EvaluatorConfig)
 
