@@ -6,7 +6,8 @@ Each holds memory (about 40 KiB), an SSE one also a connection. The SDK refuses 
 (503) once its cap is reached, so a flood of ``initialize`` requests would lock every new client
 out until the flood's sessions expire. Here a new session instead closes the one that has been
 idle the longest and has no call in flight; only when every open session is busy is it refused
-(503). Busy sessions are few, since the gateway's admission bounds the calls at once.
+(503). Busy sessions are few, since the gateway's admission bounds the calls at once. Who
+goes is the shared bounded table's rule (:mod:`serving.table`), with every session in one group.
 
 :class:`SessionTable` keeps the count; :class:`StreamableSessions` (around the SDK's session
 manager) and :class:`~gateway.sse_sessions.SseSessions` (middleware on the SSE routes) report
@@ -26,6 +27,8 @@ from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serving import BoundedTable, TableFull
 
 if TYPE_CHECKING:
     from mcp.server.streamable_http import StreamableHTTPServerTransport
@@ -48,14 +51,19 @@ class Session:
     #: SSE: ids of requests POSTed whose response has not yet been sent on the stream
     #: (:mod:`gateway.sse_sessions`).
     requests: set[str | int] = field(default_factory=set)
-    last_active: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    #: Marks it used in its table (set by the table that admits it).
+    _used: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def busy(self) -> bool:
         return bool(self.posts or self.requests)
 
     def touch(self) -> None:
-        self.last_active = time.monotonic()
+        if self._used is not None:
+            self._used()
+        else:
+            self.last_used = time.monotonic()
 
 
 class SessionTable:
@@ -65,7 +73,7 @@ class SessionTable:
         if limit < 1:
             raise ValueError("the session limit must be at least 1")
         self.limit = limit
-        self._sessions: dict[str, Session] = {}
+        self._sessions: BoundedTable[Session] = BoundedTable(limit, busy=lambda s: s.busy)
         self._last_warning = -float("inf")
         self._evicted: Counter | None = None
         if registry is not None:
@@ -91,27 +99,26 @@ class SessionTable:
     ) -> Session | None:
         """Count a new session, closing idle ones to make room; ``None``: all are busy."""
         self._prune()
-        while len(self._sessions) >= self.limit:
-            if not self._evict_one():
-                return None
+        try:
+            while (victim := self._sessions.to_close()) is not None:
+                self._evict(victim)
+        except TableFull:
+            return None
         session = Session(key, close, alive)
-        self._sessions[key] = session
+        session._used = lambda: self._sessions.touch(session, key)
+        self._sessions.add(key, session)
         return session
 
     def discard(self, session: Session) -> None:
         if self._sessions.get(session.key) is session:
-            del self._sessions[session.key]
+            self._sessions.pop(session.key)
 
     def _prune(self) -> None:
-        for key in [key for key, session in self._sessions.items() if not session.alive()]:
-            del self._sessions[key]
+        for key in [session.key for session in self._sessions if not session.alive()]:
+            self._sessions.pop(key)
 
-    def _evict_one(self) -> bool:
-        idle = [session for session in self._sessions.values() if not session.busy]
-        if not idle:
-            return False
-        victim = min(idle, key=lambda session: session.last_active)
-        del self._sessions[victim.key]
+    def _evict(self, key: str) -> None:
+        victim = self._sessions.pop(key)
         victim.close()
         if self._evicted is not None:
             self._evicted.inc()
@@ -123,9 +130,8 @@ class SessionTable:
             "%d sessions are open (the maximum): closed %s, idle for %.1f s, to make room",
             self.limit,
             victim.key,
-            now - victim.last_active,
+            now - victim.last_used,
         )
-        return True
 
 
 def too_many_sessions(limit: int) -> list[Message]:

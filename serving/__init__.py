@@ -6,6 +6,8 @@
   and a cap on connections (:func:`guarded_protocol`).
 - :mod:`serving.deadline`: ASGI middleware with a deadline for each request's body
   (:class:`RequestDeadline`).
+- :mod:`serving.table`: a bounded table whose longest idle entries close to make room, fairly
+  between groups, busy ones spared (:class:`BoundedTable`).
 
 The gateway (``python-mcp-server``) and the built-in evaluator (``python -m evaluator``) are
 each served with both bounds; the layering is checked by ``tests/test_layering.py``.
@@ -24,14 +26,18 @@ from .settings import (
     load,
     shown_default,
 )
+from .table import BoundedTable, Entry, TableFull
 
 __all__ = [
+    "BoundedTable",
+    "Entry",
     "EnvironmentSource",
     "ExplicitSettings",
     "Flag",
     "GuardedH11Protocol",
     "RequestDeadline",
     "SettingsError",
+    "TableFull",
     "add_flags",
     "comma_separated",
     "flag",
