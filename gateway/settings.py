@@ -17,7 +17,6 @@ import argparse
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -40,6 +39,7 @@ from evaluator import EvaluatorConfig
 from serving import ExplicitSettings, Flag, SettingsError, comma_separated, load
 
 from .edge import is_loopback
+from .tokens import SINGLE_TOKEN_CLIENT, ClientTokens, TokenFile
 
 __all__ = [
     "SNEKBOX_WORKERS",
@@ -56,79 +56,6 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 #: Snekbox's own worker count (its gunicorn default): what a remote service runs at once.
 SNEKBOX_WORKERS = 2
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-
-
-@dataclass(frozen=True)
-class TokenFile:
-    """A file holding the bearer token (a Docker secret), read when the settings are made."""
-
-    path: Path
-    token: str = field(repr=False)
-
-
-#: A client's name in a tokens file: it appears in logs and metrics.
-_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-#: The name of the client that sends MCP_AUTH_TOKEN.
-SINGLE_TOKEN_CLIENT = "default"
-#: The fewest characters a token of a tokens file may have: a guessable one is no token.
-MIN_TOKEN_CHARS = 16
-
-
-@dataclass(frozen=True)
-class ClientTokens:
-    """The bearer tokens of several clients, each with a name (``MCP_AUTH_TOKENS_FILE``).
-
-    The file holds one ``NAME TOKEN`` pair a line; blank lines and lines starting with ``#``
-    are skipped. Names are unique, so are tokens. The name tells the clients apart for the
-    fair sharing of sessions and appears in logs and metrics; the token never does.
-    """
-
-    path: Path
-    tokens: tuple[tuple[str, str], ...] = field(repr=False)
-
-    @classmethod
-    def read(cls, path: Path) -> ClientTokens:
-        """Parse the file at ``path``.
-
-        Raises:
-            ValueError: it cannot be read, or a line breaks a rule (its number is named; the
-                token is never shown).
-        """
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ValueError(f"the file cannot be read ({exc.strerror})") from None
-        except UnicodeDecodeError:
-            raise ValueError("the file is not text") from None
-        tokens: dict[str, str] = {}
-        seen: set[str] = set()
-        for number, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            parts = line.split()
-            if len(parts) != 2:
-                raise ValueError(f"line {number} must be 'NAME TOKEN' (two words)")
-            name, token = parts
-            if not _CLIENT_NAME.fullmatch(name):
-                raise ValueError(
-                    f"line {number}: a name is 1-64 letters, digits, '.', '_' or '-', "
-                    "starting with a letter or digit"
-                )
-            if name in tokens:
-                raise ValueError(f"line {number}: the name {name!r} is given twice")
-            if len(token) < MIN_TOKEN_CHARS:
-                raise ValueError(
-                    f"line {number}: the token of {name!r} is shorter than "
-                    f"{MIN_TOKEN_CHARS} characters"
-                )
-            if token in seen:
-                raise ValueError(f"line {number}: the token of {name!r} is another's too")
-            tokens[name] = token
-            seen.add(token)
-        if not tokens:
-            raise ValueError("the file holds no 'NAME TOKEN' line")
-        return cls(path, tuple(tokens.items()))
 
 
 class Settings(ExplicitSettings):

@@ -19,7 +19,7 @@ import anyio
 import httpx
 import pytest
 
-from gateway.settings import ClientTokens
+from gateway.tokens import ClientTokens
 from python_mcp_server import Settings, create_app
 from tests.gateway.conftest import evaluator_service, gateway, with_time_limit
 from tests.support import call_code, connect, facts, serve, text_of
