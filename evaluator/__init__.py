@@ -26,6 +26,7 @@ from .errors import (
     SandboxUnavailable,
     SessionNotFound,
 )
+from .inprocess import InProcessClient
 from .models import Limit
 from .service import Evaluator
 
@@ -33,6 +34,7 @@ __all__ = [
     "Evaluator",
     "EvaluatorConfig",
     "EvaluatorError",
+    "InProcessClient",
     "InvalidExecutable",
     "InvalidFile",
     "Limit",

@@ -47,7 +47,8 @@ from snekbox_client import (
     File,
 )
 
-from .errors import InvalidFile, QueueFull, RequestInvalid, SessionNotFound
+from .answers import refusal
+from .errors import InvalidFile, RequestInvalid
 from .host import MPLCONFIGDIR
 from .service import Evaluator
 from .workdir import TMP_DIR
@@ -198,18 +199,6 @@ def _check_finite(value: object) -> None:
         raise RequestInvalid("Request data failed validation", f"{value} is not a finite number")
 
 
-#: The title of the 503 answer to a request that finds the queue full.
-QUEUE_FULL = "Evaluation queue is full"
-
-
-def queue_full_description(exc: QueueFull) -> str:
-    """The description of that answer."""
-    return (
-        f"All {exc.running} evaluation slots are busy and {exc.waiting} evaluations are "
-        "waiting; try again later."
-    )
-
-
 def check_request(request: EvalRequest, *, max_files: int) -> None:
     """What :func:`parse_request` checks of a request built in this process rather than sent
     as JSON (the gateway's, with the evaluator in its process): the same errors, and no
@@ -333,17 +322,11 @@ class _EvalEndpoint:
             result = None
         except _HTTPError as exc:
             return exc.response()
-        except RequestInvalid as exc:
-            return _HTTPError(400, exc.title, exc.description).response()
-        except SessionNotFound as exc:
-            return _HTTPError(404, exc.title, str(exc)).response()
-        except QueueFull as exc:
+        except Exception as exc:  # the one table: 400, 404, 503, else a logged 500
+            answer = refusal(exc)
             return _HTTPError(
-                503, QUEUE_FULL, queue_full_description(exc), headers={"Retry-After": "1"}
+                answer.status, answer.title, answer.description, answer.headers
             ).response()
-        except Exception:
-            log.exception("An exception occurred while trying to process the request")
-            return _HTTPError(500, "500 Internal Server Error").response()
         if result is None:
             # Nobody reads this answer: the server drops it (nginx's "client closed request").
             return _HTTPError(499, "499 Client Closed Request").response()

@@ -34,6 +34,7 @@ from starlette.routing import BaseRoute, Route
 from serving import RequestDeadline
 
 from .code_sessions import URI_SCHEME, SessionGone
+from .connection import EvaluationService, evaluation_service
 from .edge import LoopbackGuard
 from .environment import ENVIRONMENT_URI
 from .render import mime_type
@@ -210,18 +211,19 @@ def _unparsable_messages_as_warnings(record: logging.LogRecord) -> bool:
     return True
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings, service: EvaluationService | None = None) -> Starlette:
     """The Starlette app serving SSE, Streamable HTTP, ``/healthz``, ``/readyz`` and ``/metrics``.
 
-    The gateway (evaluator, HTTP client) and the Streamable HTTP session manager live in the
-    app's lifespan, so the app must be run by a server that runs lifespans (uvicorn does).
+    The gateway (its evaluation service: ``service``, else the one the settings name) and the
+    Streamable HTTP session manager live in the app's lifespan, so the app must be run by a
+    server that runs lifespans (uvicorn does).
 
     Raises:
         ValueError: the settings are unsafe (see :meth:`Settings.check`).
     """
     settings.check()
     logging.getLogger("mcp.server.sse").addFilter(_unparsable_messages_as_warnings)
-    gateway = Gateway(settings)
+    gateway = Gateway(settings, service if service is not None else evaluation_service(settings))
     server = create_server(gateway)
     security = settings.transport_security()
     body_limit = settings.max_request_bytes

@@ -39,30 +39,13 @@ from .budget import (
     choose_images,
     wire_size,
 )
-from .code_sessions import file_uri
+from .code_sessions import SessionView, file_uri
 from .facts import NOT_RETURNED, Facts
 from .schema import ExecutionResult, FileInfo, ImageInfo, WrittenFile
 from .settings import Settings
 from .text import MAX_LISTED, clean, cut_middle, end_of_output, fitting, listing, quote, size
 
 __all__ = ["SessionView", "compose", "mime_type", "render_result"]
-
-
-@dataclass
-class SessionView:
-    """What a result says of its session: its id, which written files it kept, its bytes, the
-    ``timeout_seconds`` asked for when it was lowered to the maximum, whether its interpreter
-    ended."""
-
-    id: str
-    kept: dict[str, bool]
-    max_bytes: int
-    time_limit_lowered: float | None = None
-    #: The session's live interpreter ended with this call (its variables are gone).
-    interpreter_ended: bool = False
-    #: The call before ended without an answer, which ended the interpreter: this call ran in
-    #: a new one.
-    after_abandoned_call: bool = False
 
 
 def render_result(
@@ -127,6 +110,37 @@ def compose(
 ) -> CallToolResult:
     """The result of ``facts``, cut as ``cut`` says."""
     shown, truncated = cut_middle(facts.output, cut.output_chars)
+    lines = _head(facts, shown, truncated, extra)
+    images, blocks = _figures(facts, settings, cut, lines)
+    files = _files(facts, session, cut, lines, blocks)
+    if session is not None:
+        lines += _session_lines(session, settings)
+    structured = ExecutionResult(
+        stdout=shown,
+        stdout_truncated=truncated,
+        returncode=facts.returncode,
+        status=facts.status,
+        message=facts.message,
+        images=images[:MAX_LISTED],
+        images_unlisted=max(0, len(images) - MAX_LISTED),
+        files=files.written[: files.listed],
+        files_unlisted=len(files.written) - files.listed,
+        files_not_returned=files.absent[: files.named],
+        files_not_returned_count=facts.not_returned_count,
+        session_id=session.id if session is not None else None,
+        packages=list(extra.installed) if extra.installed is not None else None,
+        install_seconds=extra.install_seconds,
+        notes=list(extra.notes),
+    )
+    return CallToolResult(
+        content=[TextContent(type="text", text="\n".join(lines)), *blocks],
+        structured_content=structured.model_dump(mode="json"),
+    )
+
+
+def _head(facts: Facts, shown: str, truncated: bool, extra: _Extra) -> list[str]:
+    """The text's first lines: the output as ``shown``, its closing line, the exit status in
+    words, the packages installed and the call's notes."""
     # The output comes first (the README promises output, then the status), so it cannot be
     # fenced from above without moving it; instead a closing line the output does not contain
     # ends it, and only the gateway writes after that line: output that imitates the
@@ -144,7 +158,14 @@ def compose(
             "counted in the time limit)]"
         )
     lines += [f"[note: {note}]" for note in extra.notes]
+    return lines
 
+
+def _figures(
+    facts: Facts, settings: Settings, cut: Cut, lines: list[str]
+) -> tuple[list[ImageInfo], list[ContentBlock]]:
+    """One image block per figure returned and every figure's entry; a line in ``lines`` for
+    each kind of figure not returned (over the budget, unfit, lost, missing)."""
     images: list[ImageInfo] = []
     blocks: list[ContentBlock] = []
     over_budget: list[str] = []
@@ -202,7 +223,30 @@ def compose(
             f"[{len(missing)} of {total} figures {NOT_RETURNED} (so says the sandbox's own "
             f"list): {listing(missing, chars)}]"
         )
+    return images, blocks
 
+
+@dataclass(frozen=True)
+class _Files:
+    """The written files' part of a result: every entry, how many are listed, and the files
+    not returned (how many of those are named)."""
+
+    written: list[WrittenFile]
+    listed: int
+    absent: list[FileInfo]
+    named: int
+
+
+def _files(
+    facts: Facts,
+    session: SessionView | None,
+    cut: Cut,
+    lines: list[str],
+    blocks: list[ContentBlock],
+) -> _Files:
+    """The files written: listed in ``lines``, the small clean text ones inlined as resource
+    blocks in ``blocks``, those the session did not keep and those not returned said."""
+    chars = cut.listing_chars
     kept = session.kept if session is not None else {}
     files = [
         WrittenFile(
@@ -249,47 +293,31 @@ def compose(
             "(so says the sandbox's own list): "
             f"{listing(named, chars, total=facts.not_returned_count)}]"
         )
+    return _Files(files, len(listed), absent, len(named))
 
-    if session is not None:
-        if session.after_abandoned_call:
-            lines.append(
-                "[the session's call before this one ended without its answer (cancelled, "
-                "timed out or cut off), which ended its interpreter: this call ran in a new "
-                "one, with the session's files; the variables and imports of earlier calls are "
-                "gone]"
-            )
-        if session.interpreter_ended:
-            lines.append(
-                "[the session's interpreter ended with this call: its variables and imports are "
-                "lost; its files are kept, and the next call starts a new interpreter with them]"
-            )
-        if session.time_limit_lowered is not None:
-            lines.append(
-                f"[timeout_seconds {session.time_limit_lowered:g} is above the maximum, "
-                f"{settings.max_time_limit:g} s, which was used instead]"
-            )
-        lines.append(f'[session_id: "{session.id}" (pass it to continue this session)]')
-    structured = ExecutionResult(
-        stdout=shown,
-        stdout_truncated=truncated,
-        returncode=facts.returncode,
-        status=facts.status,
-        message=facts.message,
-        images=images[:MAX_LISTED],
-        images_unlisted=max(0, len(images) - MAX_LISTED),
-        files=files[: len(listed)],
-        files_unlisted=len(files) - len(listed),
-        files_not_returned=absent[: len(named)],
-        files_not_returned_count=facts.not_returned_count,
-        session_id=session.id if session is not None else None,
-        packages=list(extra.installed) if extra.installed is not None else None,
-        install_seconds=extra.install_seconds,
-        notes=list(extra.notes),
-    )
-    return CallToolResult(
-        content=[TextContent(type="text", text="\n".join(lines)), *blocks],
-        structured_content=structured.model_dump(mode="json"),
-    )
+
+def _session_lines(session: SessionView, settings: Settings) -> list[str]:
+    """What the result says of its session: its interpreter, a lowered time limit, its id."""
+    lines = []
+    if session.after_abandoned_call:
+        lines.append(
+            "[the session's call before this one ended without its answer (cancelled, "
+            "timed out or cut off), which ended its interpreter: this call ran in a new "
+            "one, with the session's files; the variables and imports of earlier calls are "
+            "gone]"
+        )
+    if session.interpreter_ended:
+        lines.append(
+            "[the session's interpreter ended with this call: its variables and imports are "
+            "lost; its files are kept, and the next call starts a new interpreter with them]"
+        )
+    if session.time_limit_lowered is not None:
+        lines.append(
+            f"[timeout_seconds {session.time_limit_lowered:g} is above the maximum, "
+            f"{settings.max_time_limit:g} s, which was used instead]"
+        )
+    lines.append(f'[session_id: "{session.id}" (pass it to continue this session)]')
+    return lines
 
 
 @dataclass(frozen=True)

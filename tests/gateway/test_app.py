@@ -19,6 +19,7 @@ import pytest
 from mcp import Client
 
 from evaluator import SandboxUnavailable
+from gateway.connection import evaluation_service
 from python_mcp_server import Gateway, Settings
 from tests.gateway.conftest import with_evaluator
 from tests.support import closed_port, connect, sse_endpoint, text_of, wait_until_answers
@@ -101,7 +102,7 @@ class _Kept(logging.Handler):
 async def test_no_sandbox_means_no_start(settings: Settings) -> None:
     broken = with_evaluator(settings, bwrap="/nonexistent/bwrap")
     with pytest.raises(SandboxUnavailable, match="SNEKBOX_URL"):
-        async with Gateway(broken):
+        async with Gateway(broken, evaluation_service(broken)):
             pass
 
 

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from gateway.connection import evaluation_service
 from gateway.failures import GATEWAY_FAILED, explain
 from python_mcp_server import Gateway, Settings, create_server
 from snekbox_client import ConnectionLost, EvaluatorTimeout, EvaluatorUnavailable
@@ -71,7 +72,10 @@ async def test_calls_that_queue_behind_the_workers_are_told_so() -> None:
     """Three calls at once against two workers: the third may only have waited, and is told."""
     with raw_server() as silent:
         settings = Settings(snekbox_url=silent, max_in_flight=3, eval_timeout=1.0)
-        async with Gateway(settings) as gateway, Client(create_server(gateway)) as client:
+        async with (
+            Gateway(settings, evaluation_service(settings)) as gateway,
+            Client(create_server(gateway)) as client,
+        ):
             texts: list[str] = []
 
             async def call() -> None:
@@ -96,7 +100,10 @@ async def test_a_failure_of_the_gateway_itself_is_logged_counted_and_said(
     settings = Settings(snekbox_url=answering_service)
     broken = BaseModel.model_copy(settings, update={"max_result_bytes": None})
     caplog.set_level(logging.INFO, logger="python_mcp_server")
-    async with Gateway(broken) as gateway, Client(create_server(gateway)) as client:
+    async with (
+        Gateway(broken, evaluation_service(broken)) as gateway,
+        Client(create_server(gateway)) as client,
+    ):
         with anyio.fail_after(20):
             result = await client.call_tool("execute_python_code", {"code": "print('hi')"})
         metrics = gateway.metrics.render().decode()
@@ -112,7 +119,7 @@ async def test_a_failure_of_the_gateway_itself_is_logged_counted_and_said(
 async def test_the_server_announces_the_packages_version() -> None:
     settings = Settings(snekbox_url=f"http://127.0.0.1:{closed_port()}")
     async with (
-        Gateway(settings) as gateway,
+        Gateway(settings, evaluation_service(settings)) as gateway,
         Client(create_server(gateway), mode="legacy") as client,
     ):
         assert client.server_info is not None
@@ -121,7 +128,10 @@ async def test_the_server_announces_the_packages_version() -> None:
 
 async def test_code_over_the_limit_is_refused_before_any_evaluation() -> None:
     settings = Settings(snekbox_url=f"http://127.0.0.1:{closed_port()}", max_code_chars=100)
-    async with Gateway(settings) as gateway, Client(create_server(gateway)) as client:
+    async with (
+        Gateway(settings, evaluation_service(settings)) as gateway,
+        Client(create_server(gateway)) as client,
+    ):
         result = await client.call_tool("execute_python_code", {"code": "print(1)\n" * 20})
         metrics = gateway.metrics.render().decode()
     assert result.is_error

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from evaluator import Evaluator, EvaluatorConfig, create_app
-from gateway.inprocess import InProcessClient
+from evaluator.inprocess import InProcessClient
 from snekbox_client import EvalRequest, EvaluatorRejected, EvaluatorUnavailable, File
 
 pytestmark = pytest.mark.anyio

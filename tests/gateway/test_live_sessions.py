@@ -41,7 +41,7 @@ def live_gateway(settings: Settings) -> Iterator[tuple[str, Any]]:
 
 
 def live_count(app: Any) -> int:
-    return int(app.state.gateway._builtin.live_sessions)
+    return int(app.state.gateway.connection.service.evaluator.live_sessions)
 
 
 async def test_variables_imports_and_functions_last_like_a_notebooks(

@@ -9,7 +9,9 @@ import pytest
 from mcp import Client
 from mcp.types import ImageContent
 
+from gateway.connection import evaluation_service
 from python_mcp_server import Gateway, Settings, create_server
+from tests.gateway.fake_service import FakeService
 from tests.support import TIME_LIMIT, text_of
 
 pytestmark = pytest.mark.anyio
@@ -17,7 +19,10 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[Client]:
-    async with Gateway(settings) as gateway, Client(create_server(gateway)) as client:
+    async with (
+        Gateway(settings, evaluation_service(settings)) as gateway,
+        Client(create_server(gateway)) as client,
+    ):
         yield client
 
 
@@ -42,7 +47,7 @@ async def test_tool_is_listed_with_description_and_output_schema(
     assert "session_id" in tool.output_schema["properties"] if tool.output_schema else False
     assert "Sessions are like a notebook" in (tool.description or "")
     # In front of Snekbox (one-shot), the description says what a session keeps there.
-    one_shot = Gateway(settings.model_copy(update={"snekbox_url": "http://snekbox:8060"}))
+    one_shot = Gateway(settings, FakeService())  # not started: nothing said of sessions
     assert "variables and imports do NOT carry over" in one_shot.tool_description()
     wall_clock = f"{TIME_LIMIT:g} s wall-clock"
     for promise in ("numpy", "matplotlib", "no network", "PNG image", wall_clock):
@@ -94,7 +99,10 @@ async def test_no_state_between_calls(client: Client) -> None:
 async def test_figure_budget_drops_figures_and_says_so(settings: Settings) -> None:
     code = "import matplotlib.pyplot as plt\nfor i in range(4):\n    plt.figure(); plt.plot([i, 0])"
     small = settings.model_copy(update={"max_images": 2})
-    async with Gateway(small) as gateway, Client(create_server(gateway)) as client:
+    async with (
+        Gateway(small, evaluation_service(small)) as gateway,
+        Client(create_server(gateway)) as client,
+    ):
         result = await run(client, code)
     images = [c for c in result.content if isinstance(c, ImageContent)]
     assert len(images) == 2
@@ -124,7 +132,7 @@ async def test_the_sdks_spans_are_kept_only_when_a_tracer_provider_is_installed(
 
     if installed:  # what `opentelemetry-instrument` or the hosting code does before the app
         monkeypatch.setattr(trace, "get_tracer_provider", trace.NoOpTracerProvider)
-    async with Gateway(settings) as gateway:
+    async with Gateway(settings, evaluation_service(settings)) as gateway:
         server = create_server(gateway)
         async with Client(server) as client:
             result = await run(client, "print(6 * 7)")

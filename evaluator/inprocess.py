@@ -1,20 +1,18 @@
-"""The built-in evaluator in the gateway's own process, called as :class:`SnekboxClient` is.
+"""The evaluator in its caller's process (the gateway's), called as :class:`SnekboxClient` is.
 
 Through ``POST /eval`` on an in-memory transport, every call paid for the HTTP it never left
 the process for: the request (its prelude bundle in base64) encoded as JSON and parsed and
 validated again, the answer encoded and parsed back, each in a worker thread. This calls
 :meth:`evaluator.Evaluator.run` itself, after the same checks as the API's
 (:func:`evaluator.api.check_request`), and gives its failures as the client's errors, worded
-as the API would answer them, so the gateway tells both backends' failures the same way.
+by the API's own table (:mod:`evaluator.answers`), so the gateway tells both backends'
+failures the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
-import evaluator
-from evaluator.api import QUEUE_FULL, check_request, queue_full_description
 from snekbox_client import (
     EvalRequest,
     EvalResult,
@@ -24,28 +22,46 @@ from snekbox_client import (
     ServiceInfo,
 )
 
-__all__ = ["InProcessClient"]
+from .answers import refusal
+from .api import check_request
+from .models import Limit
+from .service import Evaluator
 
-log = logging.getLogger(__name__)
+__all__ = ["InProcessClient"]
 
 #: How the errors name the service (a URL, for the HTTP client's).
 _NAME = "in-process"
 
 
 class InProcessClient:
-    """:class:`SnekboxClient`'s ``eval``, ``end_session``, ``info``, ``ping`` and ``aclose``
-    for an evaluator started in this process (which the caller starts and stops); there is
-    one replica, so ``replica`` is ignored.
+    """:class:`SnekboxClient`'s ``eval``, ``end_session``, ``choose_replica``, ``info``,
+    ``ping`` and ``aclose`` for an evaluator in this process; there is one replica, so
+    ``replica`` is ignored.
+
+    Beyond the HTTP client's, what the evaluator in this process can tell: its limits in force
+    on this host (:meth:`limits_in_force`) and its cap on live sessions (:attr:`session_limit`).
 
     Args:
         service: The evaluator.
         timeout: Seconds to wait for one answer, as the HTTP client's read timeout.
+        owned: Whether the client starts the evaluator (:meth:`start`) and stops it
+            (:meth:`aclose`); else its caller does.
     """
 
-    def __init__(self, service: evaluator.Evaluator, *, timeout: float) -> None:
+    def __init__(self, service: Evaluator, *, timeout: float, owned: bool = False) -> None:
         self._service = service
         self._timeout = timeout
+        self._owned = owned
         self._closed = False
+
+    async def start(self) -> None:
+        """Start the evaluator, if the client owns it.
+
+        Raises:
+            SandboxUnavailable: it cannot isolate code here (the message says what to do).
+        """
+        if self._owned:
+            await self._service.start()
 
     async def eval(
         self, request: EvalRequest, *, replica: str | None = None, extra_time: float = 0.0
@@ -67,15 +83,9 @@ class InProcessClient:
                 return await self._service.run(request)
         except TimeoutError:
             raise EvaluatorTimeout(_NAME, self._timeout + extra_time) from None
-        except evaluator.RequestInvalid as exc:
-            raise EvaluatorRejected(400, exc.title, exc.description) from exc
-        except evaluator.SessionNotFound as exc:
-            raise EvaluatorRejected(404, exc.title, str(exc)) from exc
-        except evaluator.QueueFull as exc:
-            raise EvaluatorRejected(503, QUEUE_FULL, queue_full_description(exc)) from exc
-        except Exception as exc:
-            log.exception("An exception occurred while trying to process the request")
-            raise EvaluatorRejected(500, "500 Internal Server Error") from exc
+        except Exception as exc:  # the API's table: 400, 404, 503, else a logged 500
+            answer = refusal(exc)
+            raise EvaluatorRejected(answer.status, answer.title, answer.description) from exc
 
     async def end_session(self, session: str, *, replica: str | None = None) -> None:
         """End a live session now; one the evaluator does not hold is no error."""
@@ -98,5 +108,22 @@ class InProcessClient:
         if self._closed:
             raise EvaluatorUnavailable(_NAME, "the client is closed")
 
+    @property
+    def evaluator(self) -> Evaluator:
+        """The evaluator it calls."""
+        return self._service
+
+    def limits_in_force(self) -> tuple[Limit, ...]:
+        """Each limit and how this host enforces it (known once the evaluator started)."""
+        return self._service.limits_in_force()
+
+    @property
+    def session_limit(self) -> int:
+        """Live sessions the evaluator holds at once (derived at its start)."""
+        return self._service.session_limit
+
     async def aclose(self) -> None:
+        """Close the client (and stop the evaluator, if the client owns it)."""
         self._closed = True
+        if self._owned:
+            await self._service.aclose()

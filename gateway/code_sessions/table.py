@@ -1,26 +1,5 @@
-"""Code sessions: the working directory a model's calls share, named by an unguessable id.
-
-A call without ``session_id`` starts a session; the result names it, and a later call that
-passes it continues it. What a session keeps here is its files: those sent in and those its
-runs wrote, readable with MCP ``resources/read`` (:func:`file_uri`) while the session lives.
-The built-in evaluator keeps a live interpreter per session (its variables, imports and files);
-in front of Snekbox, which keeps nothing between runs, the files are carried into every run
-through the ``files`` of ``POST /eval``, and into a new interpreter when one ended.
-
-A session ends when its client ends it, after ``idle_timeout`` seconds without a call, or when
-a new one needs its room. Room is shared fairly between clients (a token's name; without
-tokens, an MCP connection): a client holding ``per_client`` sessions makes room for its next
-one by closing its own longest idle; at ``max_sessions`` the longest idle session of the
-client holding the most is closed, so that a client flooding the gateway closes its own
-sessions before anyone else's. A session running a call is never closed. A call naming an
-ended session is told which of these happened (:class:`SessionGone`), never given a fresh
-one silently. A session belongs to the client that started it: with a bearer token, another
-token's calls do not find it.
-
-Its id is a handle (:mod:`gateway.handles`) naming the evaluator replica that holds its live
-interpreter: another gateway with the same secret that is asked for a session it never saw
-takes it on (:meth:`CodeSessions.get` with ``adopt``), without its files.
-"""
+"""The open code sessions of a gateway: created, found, ended, expired, and the fair rules by
+which a new session makes room (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -28,146 +7,16 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
-from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from .admission import Turns
-from .handles import SessionHandles
-from .text import duration
+from ..handles import SessionHandles
+from .session import CodeSession, Ending, SessionGone, SessionsBusy
 
-__all__ = [
-    "URI_SCHEME",
-    "CodeSession",
-    "CodeSessions",
-    "SessionGone",
-    "SessionsBusy",
-    "file_uri",
-    "held_bytes",
-]
+__all__ = ["CodeSessions"]
 
-#: The scheme of the files' resource URIs: ``session://<session id>/<path, percent-encoded>``.
-URI_SCHEME = "session"
 #: Ended sessions remembered, so that a call naming one says how it ended.
 _REMEMBERED = 10_000
-#: Characters of an unknown session id repeated in a message at most.
-_SHOWN_ID_CHARS = 128
-
-Ending = Literal["unknown", "ended", "expired", "evicted"]
-
-
-class SessionGone(Exception):
-    """The session a call names does not exist (any more); ``why`` says what became of it."""
-
-    def __init__(self, session_id: str, why: Ending, idle_timeout: float) -> None:
-        self.session_id = session_id
-        self.why = why
-        if len(session_id) > _SHOWN_ID_CHARS:  # the caller's text, echoed: bounded
-            session_id = session_id[:_SHOWN_ID_CHARS] + "…"
-        reason = {
-            "unknown": "does not exist (it never did here, or this gateway restarted since)",
-            "ended": "was ended on purpose",
-            "expired": f"expired after {duration(idle_timeout)} without a call",
-            "evicted": "was closed to make room for newer sessions (too many were open)",
-        }[why]
-        #: What became of it, as a sentence's start, for what is not a call (a file's read).
-        self.fate = f"The session {session_id!r} {reason}"
-        super().__init__(
-            f"The session {session_id!r} {reason}: its files and state are lost, and the code "
-            "did not run. Call again without session_id to start a new session, sending with "
-            "`files` whatever the code needs."
-        )
-
-
-class SessionsBusy(Exception):
-    """No session can start: every open one is running a call, and none is closed for it.
-    ``why``: what the call did about it (it waited in vain, or could not wait); ``own``: the
-    sessions counted are the client's own, at its share of the cap."""
-
-    def __init__(self, count: int, why: str = "", *, own: bool = False) -> None:
-        self.count = count
-        self.own = own
-        during = f" ({why})" if why else ""
-        whose = (
-            "of your sessions (your share of this gateway's)"
-            if own
-            else "sessions this gateway keeps"
-        )
-        super().__init__(
-            f"All {count} {whose} are running a call{during}, so no new "
-            "session can start now; the code did not run. Retry in a few seconds, or continue "
-            "a session with its session_id once its call has answered."
-        )
-
-
-@dataclass(eq=False)
-class CodeSession:
-    """One session: its id (the client's handle), its owner, its name in the evaluator, and its
-    working directory's files as last known."""
-
-    id: str
-    owner: str | None
-    name: str
-    #: Whose share of the sessions it takes (a token's name, an MCP connection; ``None``:
-    #: a client that cannot be told apart): see :class:`CodeSessions`.
-    client: str | None = None
-    files: dict[str, bytes] = field(default_factory=dict)
-    last_used: float = field(default_factory=time.monotonic)
-    calls: int = 0
-    #: Whether the evaluator holds a live interpreter for it (the built-in evaluator's
-    #: sessions): its files are then in that sandbox already, and not sent again.
-    live: bool = False
-    #: Whether that interpreter has run the prelude (a call through this gateway ended by
-    #: itself there), so that later calls are sent without it (``plotting.build_request``).
-    prelude_loaded: bool = False
-    #: A call sent to its interpreter ended without an answer (cancelled, timed out, cut off),
-    #: and that interpreter was ended: the next result says why the variables are gone.
-    abandoned: bool = False
-    #: The address of the evaluator replica holding that interpreter (several replicas behind
-    #: one name), where its calls go; ``None``: anywhere (one service, or not live).
-    replica: str | None = None
-    #: Started by another gateway: this one knows only the files of the calls it served.
-    adopted: bool = False
-    #: The interpreter its live interpreter runs (``executable_path``; ``None``: the default),
-    #: once a call chose it.
-    python: str | None = None
-    #: Every package its calls asked for: sent with each call, so that a new interpreter (or
-    #: a files-only session's next run) has them too.
-    packages: tuple[str, ...] = ()
-    #: One call at a time: a second one waits, as a notebook runs one cell at a time.
-    turns: Turns = field(default_factory=Turns)
-
-    @property
-    def size(self) -> int:
-        """The bytes its files take of its room (see :func:`held_bytes`)."""
-        return sum(held_bytes(path, len(content)) for path, content in self.files.items())
-
-    def held(self, path: str) -> int:
-        """The bytes the file at ``path`` takes now (0: there is none)."""
-        content = self.files.get(path)
-        return 0 if content is None else held_bytes(path, len(content))
-
-    def keep(self, path: str, content: bytes) -> int:
-        """Hold ``path``'s content. A file there now means that none of its folders is a file
-        and that it is no folder: a file kept from before at either place is dropped, or every
-        later run would fail to write the session's files (a file where a folder must be).
-
-        Returns how many more bytes (see :attr:`size`) the session holds now: fewer if negative.
-        """
-        parts = path.split("/")
-        beneath = path + "/"
-        dropped = [
-            *("/".join(parts[:end]) for end in range(1, len(parts) + 1)),
-            *(name for name in self.files if name.startswith(beneath)),
-        ]
-        freed = 0
-        for name in dropped:
-            freed += self.held(name)
-            self.files.pop(name, None)
-        self.files[path] = content
-        return held_bytes(path, len(content)) - freed
 
 
 class CodeSessions:
@@ -391,14 +240,3 @@ class CodeSessions:
     def _count_open(self) -> int:
         self.expire()
         return len(self._open)
-
-
-def held_bytes(path: str, size: int) -> int:
-    """What a file of ``size`` bytes at ``path`` takes of a session's room: its name counts too,
-    or code could have the gateway keep thousands of long names of empty files."""
-    return len(path.encode("utf-8", "surrogatepass")) + size
-
-
-def file_uri(session_id: str, path: str) -> str:
-    """The resource URI of a session's file."""
-    return f"{URI_SCHEME}://{session_id}/{quote(path, safe='/')}"
