@@ -1,0 +1,224 @@
+"""The call pipeline against a fake service, through an in-memory MCP client: no sandbox, no
+process, no socket (the fast lane; the real parts are tested in the slow one)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.types import CallToolResult, ImageContent
+
+from gateway.app import create_server
+from gateway.tool import Gateway
+from python_mcp_server import Settings
+from snekbox_client import EvaluatorRejected, EvaluatorUnavailable, File, ServiceInfo
+from tests.gateway.conftest import with_time_limit
+from tests.gateway.fake_service import LIVE, FakeService, ok
+from tests.support import text_of
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def gateway(service: FakeService, **changes: Any) -> AsyncIterator[tuple[Gateway, Client]]:
+    """A gateway on ``service`` (its settings changed as given), and a client of it."""
+    settings = with_time_limit(Settings(), 5.0).model_copy(update=changes)
+    with anyio.fail_after(10):
+        async with Gateway(settings, service) as started, Client(create_server(started)) as c:
+            yield started, c
+
+
+async def call(client: Client, code: str = "print(1)", **arguments: Any) -> CallToolResult:
+    with anyio.fail_after(10):
+        return await client.call_tool("execute_python_code", {"code": code, **arguments})
+
+
+def facts(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, text_of(result)
+    structured: dict[str, Any] | None = result.structured_content
+    assert structured is not None
+    return structured
+
+
+def png(width: int = 2, height: int = 2) -> bytes:
+    """A valid PNG of ``width`` x ``height`` grey pixels."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    pixels = zlib.compress(b"".join(b"\0" + b"\x80" * width for _ in range(height)))
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    )
+
+
+async def test_a_call_runs_its_code_and_gets_its_output_and_a_session() -> None:
+    service = FakeService(ok("42\n"))
+    async with gateway(service) as (_, client):
+        result = facts(await call(client, "print(6 * 7)"))
+    assert service.codes == ["print(6 * 7)"]
+    assert (result["stdout"], result["returncode"], result["status"]) == ("42\n", 0, "ok")
+    assert result["session_id"]
+    assert service.probes >= 1  # what the service offers was asked at start
+    assert service.closed
+
+
+async def test_a_users_exception_is_a_result_not_a_tool_error() -> None:
+    traceback = "Traceback (most recent call last):\nValueError: no\n"
+    async with gateway(FakeService(ok(traceback, returncode=1))) as (_, client):
+        result = facts(await call(client, "raise ValueError('no')"))
+    assert (result["returncode"], result["status"]) == (1, "exception")
+
+
+async def test_a_failure_of_the_service_is_a_tool_error_and_opens_no_session() -> None:
+    service = FakeService(EvaluatorUnavailable("http://fake", "connection refused"))
+    async with gateway(service) as (started, client):
+        result = await call(client)
+        metrics = started.metrics.render().decode()
+    assert result.is_error
+    assert "unreachable (connection refused); the code did not run" in text_of(result)
+    assert 'mcp_tool_calls_total{outcome="unavailable"} 1.0' in metrics
+    assert "mcp_code_sessions_open 0.0" in metrics
+
+
+async def test_code_over_the_limit_never_reaches_the_service() -> None:
+    service = FakeService()
+    async with gateway(service, max_code_chars=10) as (_, client):
+        result = await call(client, "print(1)\n" * 5)
+    assert result.is_error and "45 characters long; the limit is 10" in text_of(result)
+    assert service.requests == []
+
+
+async def test_a_files_only_session_carries_its_files_into_each_run() -> None:
+    service = FakeService(ok("", File("out.txt", b"kept")), ok("kept\n"))
+    async with gateway(service) as (_, client):
+        first = facts(await call(client, "open('out.txt', 'w').write('kept')"))
+        session = first["session_id"]
+        assert [f["path"] for f in first["files"]] == ["out.txt"]
+        facts(await call(client, "print(open('out.txt').read())", session_id=session))
+    second = service.requests[1]
+    assert ("out.txt", b"kept") in [(f.path, f.content) for f in second.files]
+    assert second.session is None and not second.session_resume
+
+
+async def test_a_live_session_resumes_its_interpreter_without_the_files() -> None:
+    service = FakeService(
+        ok("", File("out.txt", b"kept"), session_ended=False), ok(session_ended=False), info=LIVE
+    )
+    async with gateway(service) as (_, client):
+        session = facts(await call(client, "x = 1"))["session_id"]
+        facts(await call(client, "print(x)", session_id=session))
+    first, second = service.requests
+    assert first.session == second.session is not None
+    assert (first.session_resume, second.session_resume) == (False, True)
+    assert "out.txt" not in [f.path for f in second.files]  # its sandbox holds them
+    assert first.session_owner is None  # no client to tell apart in memory
+
+
+async def test_a_lost_interpreter_is_said_and_the_next_call_starts_a_new_one() -> None:
+    gone = EvaluatorRejected(404, "Session not found", "no such live session")
+    service = FakeService(ok(session_ended=False), gone, ok(session_ended=False), info=LIVE)
+    async with gateway(service) as (started, client):
+        session = facts(await call(client))["session_id"]
+        lost = await call(client, session_id=session)
+        again = facts(await call(client, session_id=session))
+        metrics = started.metrics.render().decode()
+    assert lost.is_error and "The session's interpreter is gone" in text_of(lost)
+    assert again["session_id"] == session
+    assert [r.session_resume for r in service.requests] == [False, True, False]
+    assert 'mcp_interpreters_lost_total{why="gone"} 1.0' in metrics
+
+
+async def test_an_ended_session_is_refused_by_name_and_its_interpreter_ended() -> None:
+    service = FakeService(ok(session_ended=False), info=LIVE)
+    async with gateway(service) as (_, client):
+        session = facts(await call(client))["session_id"]
+        with anyio.fail_after(10):
+            ended = await client.call_tool("end_session", {"session_id": session})
+        refused = await call(client, session_id=session)
+    assert not ended.is_error
+    assert refused.is_error and "was ended on purpose" in text_of(refused)
+    assert [name for name, _ in service.ended] == [service.requests[0].session]
+
+
+async def test_at_the_cap_the_longest_idle_session_makes_room_and_is_said_evicted() -> None:
+    service = FakeService(*(ok(session_ended=False) for _ in range(3)), info=LIVE)
+    async with gateway(service, max_code_sessions=2) as (_, client):
+        ids = [facts(await call(client))["session_id"] for _ in range(3)]
+        refused = await call(client, session_id=ids[0])
+    assert refused.is_error and "was closed to make room" in text_of(refused)
+    # The evicted interpreter is ended by the request that needed its room.
+    assert service.requests[2].end_sessions == (service.requests[0].session,)
+
+
+async def test_a_time_limit_above_the_maximum_is_lowered_and_said() -> None:
+    service = FakeService(info=LIVE)
+    async with gateway(service) as (_, client):  # the evaluator's limit: 5 s
+        result = await call(client, timeout_seconds=60)
+    assert service.requests[0].time_limit == 5.0
+    assert "timeout_seconds 60 is above the maximum, 5 s" in text_of(result)
+
+
+async def test_a_python_not_offered_is_refused_before_any_run() -> None:
+    service = FakeService()
+    async with gateway(service) as (_, client):
+        result = await call(client, python="2.7")
+    assert result.is_error
+    assert service.requests == []
+
+
+async def test_figures_come_back_as_images_in_drawing_order() -> None:
+    figures = [File(f"figure_{n:03d}.png", png(n + 1, 2)) for n in (1, 2)]
+    async with gateway(FakeService(ok("", *figures))) as (_, client):
+        result = await call(client, "plot twice")
+    images = [c for c in result.content if isinstance(c, ImageContent)]
+    assert len(images) == 2
+    widths = [i["width"] for i in facts(result)["images"]]
+    assert widths == [2, 3]
+
+
+async def test_the_description_says_what_the_service_keeps() -> None:
+    async with gateway(FakeService()) as (started, _):
+        one_shot = started.tool_description()
+    async with gateway(FakeService(info=LIVE)) as (started, _):
+        live = started.tool_description()
+    assert "variables and imports do NOT carry over" in one_shot
+    assert "Sessions are like a notebook" in live
+    assert "The evaluation service sets the limits" in live  # not in this process
+
+
+async def test_readiness_follows_the_service_and_draining() -> None:
+    service = FakeService()
+    async with gateway(service) as (started, _):
+        assert await started.readiness() is None
+        service.down = True
+        assert await started.readiness() == "the evaluation service is unreachable"
+        started.draining = True
+        assert await started.readiness() == "the gateway is shutting down"
+
+
+async def test_a_draining_gateway_runs_nothing() -> None:
+    service = FakeService(info=ServiceInfo.none())
+    async with gateway(service) as (started, client):
+        started.draining = True
+        result = await call(client)
+    assert result.is_error and "shutting down" in text_of(result)
+    assert service.requests == []
+
+
+async def test_an_interpreter_that_ended_with_its_call_is_said_and_the_next_starts_anew() -> None:
+    service = FakeService(ok(session_ended=True), ok(session_ended=False), info=LIVE)
+    async with gateway(service) as (_, client):
+        ended = await call(client)
+        again = await call(client, session_id=facts(ended)["session_id"])
+    assert "the session's interpreter ended with this call" in text_of(ended)
+    assert "interpreter ended" not in text_of(again)
+    assert [r.session_resume for r in service.requests] == [False, False]
