@@ -175,12 +175,21 @@ async def test_a_call_refused_for_its_arguments_at_the_cap_closes_no_interpreter
         with anyio.fail_after(30):
             while live_count(app) < 3:  # noqa: ASYNC110 - those closed end in the background
                 await anyio.sleep(0.05)
+        evicted = await _evicted(url)
         refused = await call_code(client, "print(1)", python="0.1")
         assert refused.is_error and "is not offered here" in text_of(refused)
+        assert await _evicted(url) == evicted
         assert live_count(app) == 3
-        for n, session_id in enumerate(ids):
-            resumed = await call_code(client, "print(n)", session_id=session_id)
-            assert text_of(resumed).startswith(f"{n}\n"), text_of(resumed)
+        resumed = await call_code(client, "print(n)", session_id=ids[-1])
+        assert text_of(resumed).startswith("2\n"), text_of(resumed)
+
+
+async def _evicted(url: str) -> str:
+    """The count of code sessions closed to make room, as the metrics say it."""
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{url}/metrics")).text
+    line = 'mcp_code_sessions_closed_total{why="evicted"} '
+    return next(x for x in metrics.splitlines() if x.startswith(line))
 
 
 async def test_the_readmes_three_call_analysis(
