@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from snekbox_client import InvalidRequest
+
 from .errors import QueueFull, RequestInvalid, SessionNotFound
 
 __all__ = ["QUEUE_FULL", "Refusal", "queue_full_description", "refusal"]
@@ -39,10 +41,11 @@ def queue_full_description(exc: QueueFull) -> str:
 
 
 def refusal(exc: Exception) -> Refusal:
-    """The answer to a request that failed with ``exc``: 400 (invalid), 404 (a resumed
+    """The answer to a request that failed with ``exc``: 400 (invalid: refused by the wire
+    format's check, :func:`snekbox_client.parse_request`, or by the evaluator), 404 (a resumed
     session is not live), 503 (the queue is full); anything else is unexpected, logged here
     with its traceback, and a bare 500."""
-    if isinstance(exc, RequestInvalid):
+    if isinstance(exc, InvalidRequest | RequestInvalid):
         return Refusal(400, exc.title, exc.description)
     if isinstance(exc, SessionNotFound):
         return Refusal(404, exc.title, str(exc))

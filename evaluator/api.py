@@ -17,87 +17,28 @@ work, so a maximal body still pauses the loop, for a moment (0.1-0.3 s on 2 busy
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import json
 import logging
 import math
-import posixpath
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from snekbox_client import (
-    CONTENT_WANTED_FIELD,
-    END_SESSIONS_FIELD,
-    PACKAGES_FIELD,
-    SESSION_FIELD,
-    SESSION_OWNER_FIELD,
-    SESSION_RESUME_FIELD,
-    TIME_LIMIT_FIELD,
-    ContentWanted,
-    EvalRequest,
-    EvalResult,
-    File,
-)
+from snekbox_client import EvalRequest, EvalResult, parse_request
 
 from .answers import refusal
-from .errors import InvalidFile, RequestInvalid
+from .errors import RequestInvalid
 from .host import MPLCONFIGDIR
 from .service import Evaluator
 from .workdir import TMP_DIR
 
-__all__ = ["MAX_JSON_STRUCTURE", "REQUEST_SCHEMA", "create_app", "parse_request"]
+__all__ = ["MAX_JSON_STRUCTURE", "RESERVED_DIRS", "create_app"]
 
 log = logging.getLogger(__name__)
-
-# A live session's id: the request's session, and each of its end_sessions.
-_SESSION_PATTERN = "^[A-Za-z0-9_-]{1,64}$"
-#: Snekbox's request schema. The path pattern rejects a leading ``/`` and the two characters
-#: ``\0`` (a literal backslash-zero, as Snekbox's own tests expect).
-REQUEST_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "input": {"type": "string"},
-        "args": {"type": "array", "items": {"type": "string"}},
-        "files": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "pattern": r"^(?!/)(?!.*\\0).*$"},
-                    "content": {"type": "string"},
-                },
-                "required": ["path"],
-            },
-        },
-        "executable_path": {"type": "string"},
-        # This project's extensions (see snekbox_client.TIME_LIMIT_FIELD, SESSION_FIELD,
-        # END_SESSIONS_FIELD, PACKAGES_FIELD).
-        "time_limit": {"type": "number", "exclusiveMinimum": 0},
-        "session": {"type": "string", "pattern": _SESSION_PATTERN},
-        "session_resume": {"type": "boolean"},
-        "end_sessions": {
-            "type": "array",
-            "items": {"type": "string", "pattern": _SESSION_PATTERN},
-            "maxItems": 64,
-        },
-        "session_owner": {"type": "string", "pattern": _SESSION_PATTERN},
-        "packages": {
-            "type": "array",
-            "items": {"type": "string", "minLength": 1, "maxLength": 200},
-            "maxItems": 64,
-        },
-    },
-    "anyOf": [{"required": ["input"]}, {"required": ["args"]}],
-}
-_validator = jsonschema.Draft202012Validator(REQUEST_SCHEMA)
 
 #: Commas and opening brackets a request body may hold (in its strings too: an upper bound on its
 #: JSON values, which a file's base64 has none of). The JSON decoder holds the interpreter lock
@@ -105,10 +46,11 @@ _validator = jsonschema.Draft202012Validator(REQUEST_SCHEMA)
 #: At this bound, at most ~0.3 s, as long as scanning the longest string a body can hold.
 MAX_JSON_STRUCTURE = 500_000
 
-# Directories the evaluator keeps for itself in the working directory: TMPDIR, and MPLCONFIGDIR
-# (where the prebuilt font list is bound). A request file at or below one of them, or at one of
-# their parents, would put a file where bwrap or the code needs a directory of the evaluator's.
-_RESERVED = (TMP_DIR, MPLCONFIGDIR)
+#: Directories the evaluator keeps for itself in the working directory: TMPDIR, and MPLCONFIGDIR
+#: (where the prebuilt font list is bound). A request file at or below one of them, or at one of
+#: their parents, would put a file where bwrap or the code needs a directory of the evaluator's:
+#: the request check (:func:`snekbox_client.parse_request`) refuses it.
+RESERVED_DIRS = (TMP_DIR, MPLCONFIGDIR)
 
 
 class _HTTPError(Exception):
@@ -132,141 +74,6 @@ class _HTTPError(Exception):
         if self.description is not None:
             body["description"] = self.description
         return JSONResponse(body, self.status, headers=self.headers)
-
-
-def parse_request(body: Any, *, max_files: int) -> EvalRequest:
-    """Validate a decoded JSON body and build the run it asks for.
-
-    When ``input`` is given, ``args`` defaults to ``["-c"]`` and ``input`` is appended to it
-    (:attr:`EvalRequest.argv`).
-
-    Raises:
-        RequestInvalid: the body fails the schema, or has more than ``max_files`` files
-            ("Request data failed validation").
-        InvalidFile: a file path is absolute, has a NUL, is not UTF-8, leaves the working
-            directory or collides with a directory the evaluator reserves, or its content is not
-            base64 ("Request file is invalid").
-    """
-    # The schema takes ~20 us per file and ~8 us per argument: count the files first, and show
-    # it only the first argument that is not a string (its verdict and message are the same).
-    checked = body
-    if isinstance(body, dict):
-        files_given, args_given = body.get("files"), body.get("args")
-        if isinstance(files_given, list) and len(files_given) > max_files:
-            raise RequestInvalid(
-                "Request data failed validation",
-                f"A request may send at most {max_files} files, not {len(files_given)}",
-            )
-        if isinstance(args_given, list):
-            checked = {**body, "args": [a for a in args_given if not isinstance(a, str)][:1]}
-    error = jsonschema.exceptions.best_match(_validator.iter_errors(checked))
-    if error is not None:
-        raise RequestInvalid("Request data failed validation", error.message)
-    _check_finite(body.get(TIME_LIMIT_FIELD))
-    files = tuple(_parse_file(item) for item in body.get("files", []))
-    # content_wanted: this project's extension of the request (Snekbox ignores the field).
-    try:
-        wanted = body.get(CONTENT_WANTED_FIELD)
-        content_wanted = None if wanted is None else ContentWanted.from_json(wanted)
-    except ValueError as exc:
-        raise RequestInvalid("Request data failed validation", str(exc)) from exc
-    try:
-        return EvalRequest(
-            input=body.get("input"),
-            args=body.get("args"),
-            files=files,
-            executable_path=body.get("executable_path") or None,
-            content_wanted=content_wanted,
-            time_limit=body.get(TIME_LIMIT_FIELD),
-            session=body.get(SESSION_FIELD),
-            session_resume=body.get(SESSION_RESUME_FIELD, False),
-            end_sessions=tuple(body.get(END_SESSIONS_FIELD, ())),
-            session_owner=body.get(SESSION_OWNER_FIELD),
-            packages=tuple(body.get(PACKAGES_FIELD, ())),
-        )
-    except ValueError as exc:  # whatever the model refuses is the request's fault: a 400
-        raise RequestInvalid("Request data failed validation", str(exc)) from exc
-
-
-def _check_finite(value: object) -> None:
-    """Refuse a NaN or an infinity where the schema wants a number: NaN compares false with
-    every bound (``exclusiveMinimum`` lets it through), and no run takes forever.
-
-    Raises:
-        RequestInvalid: ``value`` is a float that is not finite.
-    """
-    if isinstance(value, float) and not math.isfinite(value):
-        raise RequestInvalid("Request data failed validation", f"{value} is not a finite number")
-
-
-def check_request(request: EvalRequest, *, max_files: int) -> None:
-    """What :func:`parse_request` checks of a request built in this process rather than sent
-    as JSON (the gateway's, with the evaluator in its process): the same errors, and no
-    request the API would refuse runs.
-
-    Raises:
-        RequestInvalid: as :func:`parse_request` does.
-        InvalidFile: as :func:`parse_request` does.
-    """
-    if len(request.files) > max_files:
-        raise RequestInvalid(
-            "Request data failed validation",
-            f"A request may send at most {max_files} files, not {len(request.files)}",
-        )
-    # The schema's verdict on all but the files' contents and the arguments, which the
-    # dataclass has as bytes and strings already.
-    checked: dict[str, Any] = {
-        name: value
-        for name, value in (
-            ("input", request.input),
-            ("args", None if request.args is None else []),
-            ("files", [{"path": file.path} for file in request.files] or None),
-            ("executable_path", request.executable_path),
-            (TIME_LIMIT_FIELD, request.time_limit),
-            (SESSION_FIELD, request.session),
-            (SESSION_RESUME_FIELD, request.session_resume or None),
-            (END_SESSIONS_FIELD, list(request.end_sessions) or None),
-            (SESSION_OWNER_FIELD, request.session_owner),
-            (PACKAGES_FIELD, list(request.packages) or None),
-        )
-        if value is not None
-    }
-    error = jsonschema.exceptions.best_match(_validator.iter_errors(checked))
-    if error is not None:
-        raise RequestInvalid("Request data failed validation", error.message)
-    _check_finite(request.time_limit)
-    for file in request.files:
-        _check_path(file.path)
-
-
-def _parse_file(item: dict[str, str]) -> File:
-    path = item["path"]
-    _check_path(path)
-    try:
-        content = base64.b64decode(item.get("content", ""))
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidFile(f"Invalid base64 encoding for file '{path}'") from exc
-    return File(path, content)
-
-
-def _check_path(path: str) -> None:
-    if path.startswith("/"):
-        raise InvalidFile(f"File path '{path}' must be relative")
-    # Snekbox resolves the path under /home; a NUL byte makes that fail the same way.
-    resolved = posixpath.normpath(posixpath.join("/home", path))
-    if "\0" in path or not (resolved == "/home" or resolved.startswith("/home/")):
-        raise InvalidFile(f"File path '{path}' may not traverse beyond root")
-    try:
-        path.encode()
-    except UnicodeEncodeError as exc:  # a lone surrogate: no file can have that name
-        raise InvalidFile(f"File path {path!r} is not valid UTF-8") from exc
-    relative = posixpath.relpath(resolved, "/home")
-    for reserved in _RESERVED:
-        if f"{relative}/".startswith(f"{reserved}/") or reserved.startswith(f"{relative}/"):
-            raise InvalidFile(
-                f"File path '{path}' collides with '{reserved}', a directory the evaluator "
-                "keeps for itself"
-            )
 
 
 class _NonFinite(Exception):
@@ -293,7 +100,7 @@ def _parse_body(data: bytes | bytearray, max_files: int) -> EvalRequest:
         ) from exc
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise _HTTPError(400, "Invalid JSON", f"Could not parse JSON body - {exc}") from exc
-    return parse_request(body, max_files=max_files)
+    return parse_request(body, max_files=max_files, reserved=RESERVED_DIRS)
 
 
 def _result_body(result: EvalResult) -> bytes:

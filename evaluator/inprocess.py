@@ -4,7 +4,7 @@ Through ``POST /eval`` on an in-memory transport, every call paid for the HTTP i
 the process for: the request (its prelude bundle in base64) encoded as JSON and parsed and
 validated again, the answer encoded and parsed back, each in a worker thread. This calls
 :meth:`evaluator.Evaluator.run` itself, after the same checks as the API's
-(:func:`evaluator.api.check_request`), and gives its failures as the client's errors, worded
+(:func:`snekbox_client.check_request`), and gives its failures as the client's errors, worded
 by the API's own table (:mod:`evaluator.answers`), so the gateway tells both backends'
 failures the same way.
 """
@@ -20,10 +20,11 @@ from snekbox_client import (
     EvaluatorTimeout,
     EvaluatorUnavailable,
     ServiceInfo,
+    check_request,
 )
 
 from .answers import refusal
-from .api import check_request
+from .api import RESERVED_DIRS
 from .models import Limit
 from .service import Evaluator
 
@@ -78,7 +79,9 @@ class InProcessClient:
         if self._closed:
             raise EvaluatorUnavailable(_NAME, "the client is closed")
         try:
-            check_request(request, max_files=self._service.config.max_request_files)
+            check_request(
+                request, max_files=self._service.config.max_request_files, reserved=RESERVED_DIRS
+            )
             async with asyncio.timeout(self._timeout + extra_time):
                 return await self._service.run(request)
         except TimeoutError:

@@ -19,44 +19,31 @@ only; an answer's ``ended_by`` (:data:`EndedBy`) says which limit, if any, ended
 built-in evaluator sends it, Snekbox does not, and answers without it are read as before); and a
 plain ``http`` URL whose host resolves to several addresses (replicas behind one name) has its
 requests spread over them (:class:`BalancingTransport`).
+
+For the service's side, the one check of a request: :func:`parse_request` (a JSON body) and
+:func:`check_request` (a request built in process) refuse what breaks the rules of ``/eval``
+with :class:`InvalidRequest`, worded as Snekbox words its 400 answers.
 """
 
 from ._balancing import BalancingTransport
+from ._checks import check_request, parse_request
 from ._client import SnekboxClient
 from ._exceptions import (
     ConnectionLost,
     EvaluatorRejected,
     EvaluatorTimeout,
     EvaluatorUnavailable,
+    InvalidRequest,
+    InvalidRequestFile,
     InvalidResponse,
     ReplicaGone,
     SnekboxError,
 )
-from ._models import (
-    CONTENT_WANTED_FIELD,
-    END_SESSIONS_FIELD,
-    PACKAGES_FIELD,
-    SESSION_FIELD,
-    SESSION_OWNER_FIELD,
-    SESSION_RESUME_FIELD,
-    TIME_LIMIT_FIELD,
-    ContentWanted,
-    EndedBy,
-    EvalRequest,
-    EvalResult,
-    File,
-    Python,
-    ServiceInfo,
-)
+from ._info import Python, ServiceInfo
+from ._request import ContentWanted, EvalRequest, File
+from ._result import EndedBy, EvalResult
 
 __all__ = [
-    "CONTENT_WANTED_FIELD",
-    "END_SESSIONS_FIELD",
-    "PACKAGES_FIELD",
-    "SESSION_FIELD",
-    "SESSION_OWNER_FIELD",
-    "SESSION_RESUME_FIELD",
-    "TIME_LIMIT_FIELD",
     "BalancingTransport",
     "ConnectionLost",
     "ContentWanted",
@@ -67,10 +54,14 @@ __all__ = [
     "EvaluatorTimeout",
     "EvaluatorUnavailable",
     "File",
+    "InvalidRequest",
+    "InvalidRequestFile",
     "InvalidResponse",
     "Python",
     "ReplicaGone",
     "ServiceInfo",
     "SnekboxClient",
     "SnekboxError",
+    "check_request",
+    "parse_request",
 ]

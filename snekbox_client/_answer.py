@@ -2,54 +2,40 @@
 
 A Snekbox answer can carry 48 MiB of files, 64 MiB once base64-encoded, and the client may want
 none of it (the gateway returns only figures). :class:`AnswerReader` is an incremental JSON
-parser for that one shape: fed the body chunk by chunk, it keeps ``stdout``, ``returncode``,
-``ended_by``, each file's ``path`` and ``size``, and only the contents that :class:`ContentWanted`
-asks for;
-the rest is scanned (at C speed, with a regular expression) and dropped. Memory is bounded by
-the caps given, whatever the answer holds; feeding a chunk is cheap enough for the event loop,
-and :meth:`AnswerReader.result`, which decodes what was kept, belongs in a thread.
+parser for that one shape (the JSON itself is :class:`~._scanner.JsonScanner`'s): fed the body
+chunk by chunk, it keeps ``stdout``, ``returncode``, ``ended_by``, each file's ``path`` and
+``size``, and only the contents that :class:`ContentWanted` asks for; the rest is scanned (at C
+speed, with a regular expression) and dropped. Memory is bounded by the caps given, whatever the
+answer holds; feeding a chunk is cheap enough for the event loop, and
+:meth:`AnswerReader.result`, which decodes what was kept, belongs in a thread.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._exceptions import InvalidResponse
-from ._models import (
-    ENDED_BY_FIELD,
-    INSTALL_SECONDS_FIELD,
-    INSTALLED_FIELD,
-    SESSION_ENDED_FIELD,
-    ContentWanted,
+from ._fields import ENDED_BY_FIELD, INSTALL_SECONDS_FIELD, INSTALLED_FIELD, SESSION_ENDED_FIELD
+from ._request import ContentWanted, File
+from ._result import (
     EvalResult,
-    File,
     ended_by_from_answer,
     install_seconds_from_answer,
     installed_from_answer,
     session_ended_from_answer,
 )
+from ._scanner import MAX_KEY, JsonScanner, decode_string
 
 __all__ = ["AnswerReader"]
 
-# A run of a JSON string's body: anything but a quote or a backslash, or an escape pair.
-_STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.DOTALL)
-_WHITESPACE = re.compile(rb"[ \t\n\r]*+")
-_LITERAL = re.compile(rb"[-+.0-9A-Za-z]*+")
-_LITERAL_START = frozenset(b"-0123456789tfn")
-_MAX_LITERAL = 64
-_MAX_KEY = 256
 _MAX_DEPTH = 64
-_HEAD_BYTES = 64 * 1024
 # Not base64 (a backslash may start a JSON escape such as "\/": checked when decoded).
 _NOT_BASE64 = re.compile(rb"[^A-Za-z0-9+/=\\]")
 
-# What the tokenizer expects next.
-_VALUE, _VALUE_OR_CLOSE, _KEY, _KEY_OR_CLOSE, _COLON, _NEXT, _END = range(7)
 # What a container is to the answer.
 _TOP, _FILES, _FILE, _IGNORED = range(4)
 # What happens to a file's content string.
@@ -71,7 +57,7 @@ class _Entry:
     escaped: bool = False  # a JSON escape ("\\/") was seen: lengths are off
 
 
-class AnswerReader:
+class AnswerReader(JsonScanner):
     """An incremental reader of one 200 answer of ``POST /eval``.
 
     Args:
@@ -93,25 +79,14 @@ class AnswerReader:
         max_text_bytes: int,
         max_files: int,
     ) -> None:
+        super().__init__()
         self._wanted = wanted
         self._max_answer = max_answer_bytes
         self._max_text = max_text_bytes
         self._max_files = max_files
-        self._read = 0
-        self._head = bytearray()  # the body's first bytes, for json's own error messages
         self._text = 0
         self._budget = wanted.max_bytes
         self._head_chars = -(-wanted.head_bytes // 3) * 4
-        # The tokenizer.
-        self._expect = _VALUE
-        self._containers: list[tuple[bool, int]] = []  # (is an object, role)
-        self._in_string = False
-        self._string_is_key = False
-        self._escape = False
-        self._key = bytearray()
-        self._literal = bytearray()
-        # The answer.
-        self._current_key: str | None = None
         self._string_target = ""
         self._stdout: bytearray | None = None
         self._returncode: Any = None
@@ -134,46 +109,14 @@ class AnswerReader:
         self._read += len(data)
         if self._read > self._max_answer:
             raise InvalidResponse(f"the answer is larger than {self._max_answer:,} bytes")
-        if len(self._head) < _HEAD_BYTES:
-            self._head += data[: _HEAD_BYTES - len(self._head)]
-        try:
-            self._scan(data)
-        except _SyntaxError as exc:
-            raise self._as_json_would_say(exc) from None
-
-    def _scan(self, data: bytes) -> None:
-        i, n = 0, len(data)
-        while i < n:
-            if self._in_string:
-                i = self._string_part(data, i)
-            elif self._literal:
-                i = self._literal_part(data, i)
-            else:
-                i = _match_end(_WHITESPACE, data, i)
-                if i < n:
-                    i = self._structural(data, i)
-
-    def _as_json_would_say(self, error: InvalidResponse) -> InvalidResponse:
-        """``json``'s own message (line, column) when the error is in the body's first bytes."""
-        try:
-            json.loads(self._head.decode("utf-8", "replace"))
-        except ValueError as exc:
-            if self._read <= len(self._head):
-                return InvalidResponse(f"the answer is not JSON: {exc}")
-        return error
+        self._feed_scanner(data)
 
     def result(self) -> EvalResult:
         """The result, once the whole body was fed: decodes what was kept (CPU: use a thread)."""
-        try:
-            if self._literal:
-                self._end_literal()
-            if self._in_string or self._expect != _END:
-                raise _SyntaxError("the answer is not JSON: it ends too early")
-        except _SyntaxError as exc:
-            raise self._as_json_would_say(exc) from None
+        self._end_of_body()
         if self._stdout is None:
             raise InvalidResponse("'stdout' is missing or not a string")
-        stdout = _decode_string(self._stdout)
+        stdout = decode_string(self._stdout)
         returncode = self._returncode
         if returncode is not None and (
             not isinstance(returncode, int) or isinstance(returncode, bool)
@@ -182,11 +125,11 @@ class AnswerReader:
         files = tuple(self._file(entry) for entry in self._entries)
         ended_by = self._ended_by
         if isinstance(ended_by, bytearray):
-            ended_by = _decode_string(ended_by)
+            ended_by = decode_string(ended_by)
         session_ended = session_ended_from_answer(self._session_ended)
         installed = self._installed
         if isinstance(installed, bytearray):
-            installed = _decode_string(installed)
+            installed = decode_string(installed)
         return EvalResult(
             stdout,
             returncode,
@@ -196,96 +139,6 @@ class AnswerReader:
             installed_from_answer(installed),
             install_seconds_from_answer(self._install_seconds),
         )
-
-    # -- the tokenizer ---------------------------------------------------------------------
-
-    def _structural(self, data: bytes, i: int) -> int:
-        char = data[i]
-        expect = self._expect
-        if char == ord('"'):
-            if expect in (_KEY, _KEY_OR_CLOSE):
-                self._string_is_key = True
-                self._key.clear()
-            elif expect in (_VALUE, _VALUE_OR_CLOSE):
-                self._string_is_key = False
-                self._begin_string()
-            else:
-                raise _unexpected(char)
-            self._in_string = True
-        elif char in (ord("{"), ord("[")):
-            if expect not in (_VALUE, _VALUE_OR_CLOSE):
-                raise _unexpected(char)
-            is_object = char == ord("{")
-            self._open(is_object)
-            self._expect = _KEY_OR_CLOSE if is_object else _VALUE_OR_CLOSE
-        elif char in (ord("}"), ord("]")):
-            is_object = char == ord("}")
-            allowed = (_KEY_OR_CLOSE if is_object else _VALUE_OR_CLOSE, _NEXT)
-            if expect not in allowed or not self._containers:
-                raise _unexpected(char)
-            if self._containers[-1][0] != is_object:
-                raise _unexpected(char)
-            self._close()
-            self._after_value()
-        elif char == ord(":"):
-            if expect != _COLON:
-                raise _unexpected(char)
-            self._expect = _VALUE
-        elif char == ord(","):
-            if expect != _NEXT:
-                raise _unexpected(char)
-            self._expect = _KEY if self._containers[-1][0] else _VALUE
-        elif char in _LITERAL_START and expect in (_VALUE, _VALUE_OR_CLOSE):
-            return self._literal_part(data, i)
-        else:
-            raise _unexpected(char)
-        return i + 1
-
-    def _string_part(self, data: bytes, i: int) -> int:
-        if self._escape:  # the previous chunk ended with a backslash
-            self._escape = False
-            self._string_bytes(b"\\" + data[i : i + 1])
-            return i + 1
-        end = _match_end(_STRING_BODY, data, i)
-        if end > i:
-            self._string_bytes(data[i:end])
-        if end == len(data):
-            return end
-        if data[end] == ord('"'):
-            self._in_string = False
-            if self._string_is_key:
-                self._end_key()
-            else:
-                self._end_string()
-                self._after_value()
-            return end + 1
-        self._escape = True  # a backslash, the chunk's last byte
-        return end + 1
-
-    def _literal_part(self, data: bytes, i: int) -> int:
-        end = _match_end(_LITERAL, data, i)
-        self._literal += data[i:end]
-        if len(self._literal) > _MAX_LITERAL:
-            raise _SyntaxError("the answer is not JSON: a literal is too long")
-        if end < len(data):
-            self._end_literal()
-        return end
-
-    def _end_literal(self) -> None:
-        try:
-            value = json.loads(self._literal)
-        except ValueError:
-            raise _SyntaxError("the answer is not JSON: a malformed literal") from None
-        self._literal.clear()
-        self._scalar(value)
-        self._after_value()
-
-    def _after_value(self) -> None:
-        self._expect = _NEXT if self._containers else _END
-
-    def _end_key(self) -> None:
-        self._current_key = _decode_string(self._key) if len(self._key) <= _MAX_KEY else None
-        self._expect = _COLON
 
     # -- the answer ------------------------------------------------------------------------
 
@@ -404,7 +257,7 @@ class AnswerReader:
         entry.chars = 0
         entry.tail = b""
         entry.padded = entry.escaped = False
-        path = None if entry.path is None else _decode_string(entry.path)
+        path = None if entry.path is None else decode_string(entry.path)
         entry.name = path or ""
         if path is None or not self._wanted.matches(path):
             entry.mode = _SKIP
@@ -416,7 +269,7 @@ class AnswerReader:
     def _string_bytes(self, chunk: bytes) -> None:
         target = self._string_target
         if self._string_is_key:
-            kept = chunk[: max(0, _MAX_KEY + 1 - len(self._key))]
+            kept = chunk[: max(0, MAX_KEY + 1 - len(self._key))]
             self._count_text(len(kept))
             self._key += kept
         elif target == "stdout" and self._stdout is not None:
@@ -475,13 +328,13 @@ class AnswerReader:
     def _file(self, entry: _Entry) -> File:
         if entry.path is None:
             raise InvalidResponse("a file entry lacks a string 'path' or 'content'")
-        path = _decode_string(entry.path)
+        path = decode_string(entry.path)
         size = entry.size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool)):
             raise InvalidResponse(f"file {path!r} has an invalid 'size'")
         raw = bytes(entry.content)
         if b"\\" in raw:  # escapes: rare in base64 (a JSON encoder may write "\/")
-            raw = _decode_string(raw).encode("ascii", "replace")
+            raw = decode_string(raw).encode("ascii", "replace")
         try:
             if entry.mode == _HEAD:
                 data = base64.b64decode(raw[: self._head_chars])[: self._wanted.head_bytes]
@@ -497,27 +350,5 @@ class AnswerReader:
         return File(path, data, size)
 
 
-def _decode_string(raw: bytes | bytearray) -> str:
-    """A JSON string's body (escapes included) as text."""
-    try:
-        text: str = json.loads(b'"' + raw + b'"')
-    except ValueError as exc:
-        raise InvalidResponse(f"the answer is not JSON: {exc}") from None
-    return text
-
-
 def _decoded_size(entry: _Entry) -> int:
     return max(0, entry.chars * 3 // 4 - entry.tail.count(b"="))
-
-
-def _match_end(pattern: re.Pattern[bytes], data: bytes, i: int) -> int:
-    match = pattern.match(data, i)
-    return i if match is None else match.end()
-
-
-class _SyntaxError(InvalidResponse):
-    """The body is not JSON; :meth:`AnswerReader.feed` words it as ``json`` would."""
-
-
-def _unexpected(char: int) -> _SyntaxError:
-    return _SyntaxError(f"the answer is not JSON: unexpected {chr(char)!r}")

@@ -22,7 +22,9 @@ from ._exceptions import (
     InvalidResponse,
     ReplicaGone,
 )
-from ._models import ContentWanted, EvalRequest, EvalResult, ServiceInfo
+from ._info import ServiceInfo
+from ._request import ContentWanted, EvalRequest
+from ._result import EvalResult
 
 __all__ = ["DEFAULT_TIMEOUT", "SnekboxClient"]
 

@@ -1,4 +1,5 @@
-"""Errors raised by the client, one per way the evaluation service can fail.
+"""Errors of the wire format: the client's, one per way the evaluation service can fail, and the
+service's, for a request that breaks the rules of ``/eval``.
 
     SnekboxError
     ├── EvaluatorUnavailable   nothing answered at the URL (connection refused, DNS): not run
@@ -7,6 +8,9 @@
     ├── EvaluatorTimeout       the service accepted the request but did not answer in time
     ├── EvaluatorRejected      the service answered 4xx/5xx (``title`` / ``description`` kept)
     └── InvalidResponse        the answer is not an eval result (malformed, undecodable, too big)
+
+    InvalidRequest             a request breaks the rules of ``/eval`` (a ValueError; a 400)
+    └── InvalidRequestFile     a file's path or content is illegal
 
 A user's code failing is not an error here: it is an :class:`EvalResult` with a non-zero
 ``returncode``.
@@ -19,6 +23,8 @@ __all__ = [
     "EvaluatorRejected",
     "EvaluatorTimeout",
     "EvaluatorUnavailable",
+    "InvalidRequest",
+    "InvalidRequestFile",
     "InvalidResponse",
     "ReplicaGone",
     "SnekboxError",
@@ -80,3 +86,26 @@ class EvaluatorRejected(SnekboxError):
 
 class InvalidResponse(SnekboxError):
     """The service answered 200, but the body is not a valid eval result."""
+
+
+class InvalidRequest(ValueError):
+    """A request breaks the rules of ``/eval`` (see :func:`~snekbox_client.parse_request`);
+    ``title`` and ``description`` are Snekbox's wording of its 400 answer."""
+
+    #: The title of every refusal but a file's.
+    TITLE = "Request data failed validation"
+
+    def __init__(self, description: str, title: str = TITLE) -> None:
+        super().__init__(f"{title}: {description}")
+        self.title = title
+        self.description = description
+
+
+class InvalidRequestFile(InvalidRequest):
+    """A request file has an illegal path or undecodable content."""
+
+    #: The title of a file's refusal.
+    TITLE = "Request file is invalid"
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description, self.TITLE)

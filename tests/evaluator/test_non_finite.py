@@ -9,9 +9,13 @@ import math
 import httpx
 import pytest
 
-from evaluator import RequestInvalid
-from evaluator.api import check_request, parse_request
-from snekbox_client import ContentWanted, EvalRequest
+from snekbox_client import (
+    ContentWanted,
+    EvalRequest,
+    InvalidRequest,
+    check_request,
+    parse_request,
+)
 
 from .conftest import run
 
@@ -53,7 +57,7 @@ async def test_finite_numbers_still_run(client: httpx.AsyncClient) -> None:
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_a_body_decoded_elsewhere_is_checked_too(value: float) -> None:
     """``parse_request`` is public: a body decoded by another parser holds real floats."""
-    with pytest.raises(RequestInvalid) as caught:
+    with pytest.raises(InvalidRequest) as caught:
         parse_request({"input": "", "time_limit": value}, max_files=10)
     assert caught.value.title == _INVALID
 

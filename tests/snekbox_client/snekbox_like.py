@@ -24,7 +24,7 @@ from typing import Any
 import uvicorn
 
 from evaluator import Evaluator, EvaluatorConfig, create_app
-from snekbox_client import CONTENT_WANTED_FIELD, PACKAGES_FIELD
+from snekbox_client._fields import CONTENT_WANTED_FIELD, PACKAGES_FIELD
 
 Scope = dict[str, Any]
 
