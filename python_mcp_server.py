@@ -2,10 +2,10 @@
 
 One Starlette app, :data:`starlette_app`, serves MCP over SSE (``GET /sse`` + ``POST /messages/``)
 and over Streamable HTTP (``/mcp``), plus ``/healthz``, ``/readyz`` and ``/metrics``. Every call
-is forwarded as one ``POST /eval`` through :mod:`snekbox_client` to the evaluation service: the
-Snekbox at ``SNEKBOX_URL``, or, when none is set, the built-in :mod:`evaluator` running in-process
-behind an ASGI transport. :mod:`plotting` supplies the prelude that turns matplotlib figures into
-PNG files.
+is forwarded as one ``POST /eval`` to the evaluation service, which the app is handed (or builds
+from its settings): the Snekbox at ``SNEKBOX_URL``, through :mod:`snekbox_client`, or, when none
+is set, the built-in :mod:`evaluator` in this process, behind the same small protocol.
+:mod:`plotting` supplies the prelude that turns matplotlib figures into PNG files.
 
 This module is the face: the code lives in the :mod:`gateway` package, one concern a module::
 
@@ -18,8 +18,15 @@ This module is the face: the code lives in the :mod:`gateway` package, one conce
                           with a header deadline and a connection cap, a request body deadline
     gateway.sessions      MCP sessions bounded in number, the longest idle closed first
     gateway.sse_sessions  the SSE transport's sessions in that count
-    gateway.tool          Gateway: the evaluation service's client, the tool, its log line
-    gateway.admission     evaluations at once (the service's workers), a bounded wait
+    gateway.tool          Gateway: the MCP tools' signatures, handing each call on
+    gateway.calls         one call's pipeline: limits, session, choices, result, its log line
+    gateway.evaluation    one evaluation: a slot, the request, the service's failures in words
+    gateway.connection    the evaluation service: its protocol, starting it, probing, readiness
+    gateway.description   the tool's description, written for the model
+    gateway.callers       who a call comes from: its owner, its client for fair sharing
+    gateway.tokens        bearer tokens, one or several clients' named ones
+    gateway.code_sessions a call's session: its files, its owner, fair room between clients
+    gateway.admission     evaluations at once (the service's workers), shared fairly, bounded
     gateway.failures      the service's failures, worded for the model
     gateway.metrics       Prometheus metrics
     gateway.render        what the model sees: text, one image per figure, structured content
@@ -42,6 +49,7 @@ from gateway import (
     Admission,
     Busy,
     DrainingServer,
+    EvaluationService,
     ExecutionResult,
     FileInfo,
     Gateway,
@@ -53,6 +61,7 @@ from gateway import (
     create_app,
     create_server,
     describe_exit,
+    evaluation_service,
     main,
     render_result,
 )
@@ -61,6 +70,7 @@ __all__ = [
     "Admission",
     "Busy",
     "DrainingServer",
+    "EvaluationService",
     "ExecutionResult",
     "FileInfo",
     "Gateway",
@@ -72,6 +82,7 @@ __all__ = [
     "create_app",
     "create_server",
     "describe_exit",
+    "evaluation_service",
     "main",
     "render_result",
 ]

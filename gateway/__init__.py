@@ -16,10 +16,14 @@ Serving:
 
 The tool:
 
-- :mod:`gateway.tool`: :class:`Gateway`, which owns the evaluation service and runs each call.
-- :mod:`gateway.inprocess`: the built-in evaluator in the gateway's process, called as the
-  HTTP client is, without the HTTP.
-- :mod:`gateway.admission`: evaluations at once, and the bounded wait for a slot.
+- :mod:`gateway.tool`: :class:`Gateway`, the MCP tools' signatures, handing each call on.
+- :mod:`gateway.calls`: one call's pipeline; :mod:`gateway.evaluation`: one evaluation.
+- :mod:`gateway.connection`: the evaluation service it is handed (the protocol both the HTTP
+  client and the in-process evaluator meet), its start, probing and readiness.
+- :mod:`gateway.description`: the tool's description, written for the model.
+- :mod:`gateway.code_sessions`: code sessions, their files, fair room between clients;
+  :mod:`gateway.callers`: who a call comes from; :mod:`gateway.tokens`: bearer tokens.
+- :mod:`gateway.admission`: evaluations at once, shared fairly, and the bounded wait for a slot.
 - :mod:`gateway.failures`: the service's failures in words the model can act on.
 - :mod:`gateway.metrics`: the Prometheus metrics.
 
@@ -38,6 +42,7 @@ from __future__ import annotations
 from .admission import Admission, Busy
 from .app import StaticTokenVerifier, create_app, create_server
 from .cli import DrainingServer, main
+from .connection import EvaluationService, evaluation_service
 from .edge import LoopbackGuard, is_loopback
 from .metrics import Metrics
 from .render import render_result
@@ -53,6 +58,7 @@ __all__ = [
     "Admission",
     "Busy",
     "DrainingServer",
+    "EvaluationService",
     "ExecutionResult",
     "FileInfo",
     "Gateway",
@@ -69,6 +75,7 @@ __all__ = [
     "create_app",
     "create_server",
     "describe_exit",
+    "evaluation_service",
     "is_loopback",
     "main",
     "render_result",

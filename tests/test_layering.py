@@ -33,11 +33,8 @@ PROJECT = (*PACKAGES, FACE)
 #: need to): only names ``evaluator/__init__.py`` exports, never its modules.
 GATEWAY_MODULES_NAMING_THE_EVALUATOR = frozenset(
     {
-        "gateway.app",  # builds the in-process service when no SNEKBOX_URL is set
-        "gateway.connection",  # the connection to the service, in-process or over HTTP
-        # Until the evaluation service is injected (issue 28): Gateway builds it, and the
-        # gateway's settings hold the evaluator's own (EVALUATOR_*) declaration.
-        "gateway.tool",
+        "gateway.connection",  # builds the service from the settings: in-process or HTTP
+        # The gateway's settings hold the evaluator's own (EVALUATOR_*) declaration.
         "gateway.settings",
     }
 )
