@@ -10,11 +10,11 @@ the first, which runs the code::
 
 The first file, :data:`PRELUDE_NAME` (``_boot.py``), is a few statements: it loads the prelude
 (``_prelude.py``) from the bundle, :data:`BUNDLE_NAME`, which holds the code and, compiled by
-the gateway's interpreter, the prelude and its support module (``_support.py``), with their
-sources for an interpreter with another bytecode format (see :func:`prelude_files`). Snekbox
-starts a fresh interpreter for every run, and compiling the prelude there would cost more than
-all else it does; the support module is loaded only when a run needs it. The prelude removes
-both files and runs the code as ``__main__``: tracebacks show only the user's frames (file
+the gateway's interpreter, the prelude and its support module (``_support.py`` and its parts),
+with their sources for an interpreter with another bytecode format (see :func:`prelude_files`).
+Snekbox starts a fresh interpreter for every run, and compiling the prelude there would cost
+more than all else it does; the support module is loaded only when a run needs it. The prelude
+removes both files and runs the code as ``__main__``: tracebacks show only the user's frames (file
 :data:`CODE_FILENAME`) with the user's line numbers, ``sys.exit(n)`` exits with n and an
 uncaught exception with 1. Every matplotlib figure shown with ``plt.show()`` or still open at
 the end becomes ``figure_NNN.png`` in the working directory (NNN = 001, 002, ... in drawing
@@ -41,17 +41,13 @@ import re
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import CodeType
 
 from snekbox_client import EvalRequest, EvalResult, File
 
+from ._figures import FIGURE_DPI, FIGURE_MAX_PIXELS, PARTIAL_SUFFIX
+from ._manifest import MANIFEST_MAX_BYTES, MANIFEST_NAME
 from ._prelude import BUNDLE_NAME, CODE_FILENAME, PRELUDE_NAME
-from ._support import (
-    FIGURE_DPI,
-    FIGURE_MAX_PIXELS,
-    MANIFEST_MAX_BYTES,
-    MANIFEST_NAME,
-    PARTIAL_SUFFIX,
-)
 
 __all__ = [
     "BUNDLE_NAME",
@@ -88,6 +84,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 _MANIFEST_HEADER = re.compile(rb"mcp-manifest 1 ([0-9]{1,12}) ([01])\n")
 _MANIFEST_RECORD = re.compile(rb"([0-9]{1,20}|-) (.+)", re.DOTALL)
+#: The support module's parts, each after those it imports, and the module itself last (named
+#: ``""`` in the bundle): see ``_support.py``.
+_SUPPORT_PARTS = ("_output", "_tracebacks", "_figures", "_imports", "_manifest", "_support")
 
 
 @functools.cache
@@ -96,21 +95,27 @@ def _prelude_parts() -> tuple[bytes, tuple[bytes, bytes, bytes], bytes, bytes]:
     digest that names this prelude (its files' and this interpreter's magic number's)."""
     package = importlib.resources.files(__name__)
     boot = package.joinpath("_boot.py").read_bytes()
-    sources = [package.joinpath(name).read_bytes() for name in ("_prelude.py", "_support.py")]
-    (prelude_code, prelude), (support_code, support) = (
-        _compiled_and_source(source, filename)
-        for source, filename in zip(sources, ("<mcp-prelude>", "<mcp-support>"), strict=True)
+    sources = [
+        package.joinpath(f"{name}.py").read_bytes() for name in ("_prelude", *_SUPPORT_PARTS)
+    ]
+    prelude_code, prelude = _compiled_and_source(sources[0], "<mcp-prelude>")
+    names = [*_SUPPORT_PARTS[:-1], ""]
+    parts = [_compiled_and_source(source, "<mcp-support>") for source in sources[1:]]
+    codes = tuple(zip(names, (code for code, _ in parts), strict=True))
+    texts = tuple(zip(names, (text for _, text in parts), strict=True))
+    tail = marshal.dumps(
+        (zlib.compress(marshal.dumps(codes, 4), 9), zlib.compress(marshal.dumps(texts, 4), 9)), 4
     )
-    tail = marshal.dumps((zlib.compress(support_code, 9), zlib.compress(support, 9)), 4)
     magic = importlib.util.MAGIC_NUMBER
     digest = hashlib.sha256(b"\0".join([magic, boot, *sources])).digest()[:16]
-    return boot, (magic, prelude_code, prelude), tail, digest
+    return boot, (magic, marshal.dumps(prelude_code, 4), zlib.compress(prelude, 9)), tail, digest
 
 
-def _compiled_and_source(source: bytes, filename: str) -> tuple[bytes, bytes]:
-    """A module's code, compiled here and ``marshal``-ed, and its source, as they travel: with
+def _compiled_and_source(source: bytes, filename: str) -> tuple[CodeType, bytes]:
+    """A module's code, compiled here, and its source, as they travel: with
     no docstrings, annotations or comments, which nothing reads at run time (bytes each run
-    would pay for). Line numbers are the file's in the code, not in the source."""
+    would pay for), nor what ``if TYPE_CHECKING:`` imports. Line numbers are the file's in the
+    code, not in the source."""
     tree = ast.parse(source, filename)
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -123,6 +128,8 @@ def _compiled_and_source(source: bytes, filename: str) -> tuple[bytes, bytes]:
                     rest.annotation = None
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and _is_docstring(node):
             del node.body[0]
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            node.body = [ast.copy_location(ast.Pass(), node)]  # imports for the type checker
         for field in ("body", "orelse", "finalbody"):
             statements = getattr(node, field, None)
             if not isinstance(statements, list):
@@ -135,7 +142,7 @@ def _compiled_and_source(source: bytes, filename: str) -> tuple[bytes, bytes]:
                 statements.append(ast.copy_location(ast.Pass(), node))
     ast.fix_missing_locations(tree)
     code = compile(tree, filename, "exec", dont_inherit=True, optimize=2)  # asserts: none
-    return marshal.dumps(code), ast.unparse(tree).encode()
+    return code, ast.unparse(tree).encode()
 
 
 def _is_docstring(node: ast.Module | ast.ClassDef | ast.FunctionDef) -> bool:
@@ -153,9 +160,11 @@ def prelude_files(code: bytes, *, later_cell: bool = False) -> tuple[File, File]
     The bundle is two ``marshal`` records, readable by any Python 3. The head, ``(magic,
     prelude code, prelude source, code, size of the tail, digest)``: ``magic`` is this
     interpreter's bytecode magic number (``importlib.util.MAGIC_NUMBER``), the prelude's code is
-    compiled here, ``marshal``-ed (see :func:`_compiled_and_source`), the digest names this
-    prelude. The tail, ``(support code, support source)``, compressed with ``zlib``: read only
-    by a run that needs the support module. ``_boot.py`` loads the compiled prelude when its
+    compiled here, ``marshal``-ed (see :func:`_compiled_and_source`), its source compressed
+    with ``zlib``, the digest names this prelude. The tail, ``(support code, support source)``:
+    each a ``marshal``-ed tuple of ``(part, code)`` (or source) pairs of the support module's
+    parts, the module itself last (part ``""``), compressed with ``zlib``: read only by a run
+    that needs the support module. ``_boot.py`` loads the compiled prelude when its
     interpreter has the same magic number, else it compiles the prelude's source, and the
     prelude does the same with the support module.
 

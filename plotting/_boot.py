@@ -21,7 +21,10 @@ if __name__ == "__main__":
     )
     if _boot[2]:
         _boot_prelude = {"__name__": "_mcp_prelude"}
-        exec(marshal.loads(_boot[1]) if _boot_compiled else _boot[2], _boot_prelude)
+        exec(
+            marshal.loads(_boot[1]) if _boot_compiled else __import__("zlib").decompress(_boot[2]),
+            _boot_prelude,
+        )
     else:  # a later cell of a session: the prelude an earlier cell kept, if it is this one
         _boot_prelude = getattr(sys, "_mcp_prelude", None)  # type: ignore[assignment]
         if type(_boot_prelude) is not dict or _boot_prelude.get("_digest") != _boot[5]:

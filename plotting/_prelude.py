@@ -85,6 +85,17 @@ def main(
     A session's time limit is a KeyboardInterrupt, which may come while the prelude itself
     works, before the code or after it (a tiny ``timeout_seconds``): it is said in one line,
     with none of the prelude's frames, and the cell ends as an interrupted one.
+
+    Args:
+        head: The bundle's head (see ``prelude_files()``): the user's code, the tail's size,
+            the digest of the prelude that sent it.
+        bundle: The bundle, whose tail is the support module and its parts: their code and,
+            apart, their sources, compressed with ``zlib`` (see :func:`_support`).
+        compiled: Whether the support module is to be loaded as code (the prelude was).
+        namespace: The first file's globals. Its module, ``sys.modules["__main__"]``, becomes
+            the user's, emptied: whoever ran the first file (python, ``runpy``, an interpreter
+            kept warm) holds the user's module, and frees the user's objects as it would
+            have freed the first file's.
     """
     global _code_started
     _code_started = False
@@ -105,19 +116,7 @@ def _main(
     compiled: bool,
     namespace: "dict[str, object]",
 ) -> None:
-    """Run the user's code as ``__main__``; exit the way ``python`` would have.
-
-    Args:
-        head: The bundle's head (see ``prelude_files()``): the user's code, the tail's size,
-            the digest of the prelude that sent it.
-        bundle: The bundle, whose tail is the support module: its ``marshal``-ed code and its
-            source, compressed with ``zlib`` (imported only to make the module).
-        compiled: Whether the support module is to be loaded as code (the prelude was).
-        namespace: The first file's globals. Its module, ``sys.modules["__main__"]``, becomes
-            the user's, emptied: whoever ran the first file (python, ``runpy``, an interpreter
-            kept warm) holds the user's module, and frees the user's objects as it would
-            have freed the first file's.
-    """
+    """:func:`main`'s work (see its arguments)."""
     global _source, _bundle, _tail_size, _support_compiled, _workdir, _session, _configured
     global _digest, _code_started
     _source, _bundle, _tail_size, _support_compiled = head[3], bundle, head[4], compiled
@@ -127,22 +126,7 @@ def _main(
     _guarded.clear()
     if _session:  # the session's later cells come without the prelude, and run this one
         sys._mcp_prelude = globals()  # type: ignore[attr-defined]
-    register_error(ERRORS, _replace)
-    for name, errors in (("stdout", ERRORS), ("stderr", "backslashreplace")):
-        stream = getattr(sys, name)
-        if type(stream).__name__ == "_Stream" and _session:  # guarded by an earlier cell
-            _guarded.append(stream)
-            continue
-        if type(stream) is not TextIOWrapper:  # no such stream (a closed descriptor)
-            continue
-        try:
-            line_buffering, write_through = stream.line_buffering, stream.write_through
-            guarded = _Stream(stream.detach(), "utf-8", errors, "\n", line_buffering, write_through)
-        except Exception:
-            continue
-        _guarded.append(guarded)
-        setattr(sys, name, guarded)
-        setattr(sys, f"__{name}__", guarded)
+    _guard_streams()
     _workdir = getcwd()
     for name in (PRELUDE_NAME, BUNDLE_NAME):  # the user's directory holds the user's files
         try:
@@ -203,6 +187,27 @@ def _main(
                 pass
     if status is not None:
         raise SystemExit(status)
+
+
+def _guard_streams() -> None:
+    """Make ``sys.stdout`` and ``sys.stderr`` :class:`_Stream` s (a session's later cells keep
+    those of the cell before), listed in ``_guarded``."""
+    register_error(ERRORS, _replace)
+    for name, errors in (("stdout", ERRORS), ("stderr", "backslashreplace")):
+        stream = getattr(sys, name)
+        if type(stream).__name__ == "_Stream" and _session:  # guarded by an earlier cell
+            _guarded.append(stream)
+            continue
+        if type(stream) is not TextIOWrapper:  # no such stream (a closed descriptor)
+            continue
+        try:
+            line_buffering, write_through = stream.line_buffering, stream.write_through
+            guarded = _Stream(stream.detach(), "utf-8", errors, "\n", line_buffering, write_through)
+        except Exception:
+            continue
+        _guarded.append(guarded)
+        setattr(sys, name, guarded)
+        setattr(sys, f"__{name}__", guarded)
 
 
 def _show(value: object) -> None:
@@ -319,21 +324,30 @@ def _support() -> "ModuleType":
         if module is None:
             if not _tail_size:
                 raise RuntimeError("the gateway's support module was removed from this session")
+            # Its parts and itself from the bundle's tail: (name, code) pairs (or (name, source),
+            # for an interpreter with another bytecode format than the gateway's), each part
+            # after those it imports, the module itself (name "") last.
             module = type(sys)("_mcp_support")
+            module.__path__ = []  # a package: its parts import one another relatively
+            sys.modules["_mcp_support"] = module
             try:
-                sys.modules["_mcp_support"] = module
                 import zlib
 
                 tail = marshal.loads(_bundle[-_tail_size:])
-                data = zlib.decompress(tail[0 if _support_compiled else 1])
-                if _support_compiled:
-                    code = marshal.loads(data)
-                else:  # an interpreter with another bytecode format than the gateway's
-                    code = compile(data, "<mcp-support>", "exec", dont_inherit=True)
-                exec(code, vars(module))
+                parts = marshal.loads(zlib.decompress(tail[0 if _support_compiled else 1]))
+                for name, item in parts:
+                    part = type(sys)("_mcp_support." + name) if name else module
+                    part.__package__ = "_mcp_support"
+                    if name:
+                        sys.modules[part.__name__] = part
+                        setattr(module, name, part)
+                    if not _support_compiled:
+                        item = compile(item, "<mcp-support>", "exec", dont_inherit=True)
+                    exec(item, vars(part))
             except BaseException:
                 # Half made (an interrupt): a session's later cells would find it as it is.
-                sys.modules.pop("_mcp_support", None)
+                for name in [name for name in sys.modules if name.startswith("_mcp_support")]:
+                    del sys.modules[name]
                 raise
         _support_module = module
     if not _configured:

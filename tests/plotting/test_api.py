@@ -29,6 +29,9 @@ from snekbox_client import File
 
 from .conftest import RunCode
 
+#: The support module's parts, in the bundle's order (the module itself follows them).
+SUPPORT_PARTS = ["_output", "_tracebacks", "_figures", "_imports", "_manifest"]
+
 
 def test_exported_members() -> None:
     assert set(plotting.__all__) == {
@@ -89,15 +92,20 @@ def test_the_first_file_is_the_packaged_boot_and_the_bundle_holds_the_rest() -> 
     later_boot, later = prelude_files(b"print(1)", later_cell=True)
     assert later_boot == boot
     assert marshal.loads(later.content) == (magic, b"", b"", code, 0, digest)
-    support, support_source = marshal.loads(bundle.content[-tail_size:])
-    sources = {"_prelude.py": prelude_source, "_support.py": zlib.decompress(support_source)}
+    support, support_sources = marshal.loads(bundle.content[-tail_size:])
+    codes = marshal.loads(zlib.decompress(support))
+    parts = marshal.loads(zlib.decompress(support_sources))
+    # Each part of the support module after those it imports, the module itself last.
+    assert [name for name, _ in parts] == [name for name, _ in codes] == [*SUPPORT_PARTS, ""]
+    sources = {"_prelude.py": zlib.decompress(prelude_source)}
+    sources.update({f"{name or '_support'}.py": source for name, source in parts})
     for name, source in sources.items():
         # The same module, without what nothing reads at run time.
         original = (package / name).read_text()
         assert _names(source.decode()) == _names(original)
         assert len(source) < len(original) / 1.5 and b'"""' not in source and b"# " not in source
     assert marshal.loads(prelude).co_filename == "<mcp-prelude>"
-    assert marshal.loads(zlib.decompress(support)).co_filename == "<mcp-support>"
+    assert {code.co_filename for _, code in codes} == {"<mcp-support>"}
     # Small: the first file is compiled by every run, the rest only loaded; the whole is about
     # what the files were when the prelude and support module traveled as sources (without
     # what sessions need, 36 KiB then; the manifest's gone files took it past 42).
@@ -117,21 +125,24 @@ def _names(source: str) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("source", ["_boot.py", "_prelude.py", "_support.py"])
+@pytest.mark.parametrize(
+    "source", ["_boot.py", "_prelude.py", "_support.py", *(f"{p}.py" for p in SUPPORT_PARTS)]
+)
 def test_importing_the_files_sent_does_nothing(source: str) -> None:
     path = Path(plotting.__file__).parent / source
     meta_path, main, argv = list(sys.meta_path), sys.modules["__main__"], list(sys.argv)
-    spec = importlib.util.spec_from_file_location("copy_of_" + path.stem, path)
+    # In the package: the support module's parts import one another relatively.
+    spec = importlib.util.spec_from_file_location("plotting.copy_of_" + path.stem, path)
     assert spec is not None and spec.loader is not None
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
     assert (sys.meta_path, sys.modules["__main__"], sys.argv) == (meta_path, main, argv)
 
 
 def test_the_prelude_its_boot_and_its_support_module_agree() -> None:
-    from plotting import _prelude, _support
+    from plotting import _figures, _prelude, _tracebacks
 
-    assert _prelude.CODE_FILENAME == _support.CODE_FILENAME == plotting.CODE_FILENAME
-    assert _support.BACKEND_MODULE in _prelude.WATCHED_IMPORTS
+    assert _prelude.CODE_FILENAME == _tracebacks.CODE_FILENAME == plotting.CODE_FILENAME
+    assert _figures.BACKEND_MODULE in _prelude.WATCHED_IMPORTS
     # The first file names the one it reads (it stays a few lines: no constants).
     boot = (Path(plotting.__file__).parent / "_boot.py").read_text()
     assert re.findall(r'"(_mcp[^"]*\.[a-z]+)"', boot) == [BUNDLE_NAME]
