@@ -35,7 +35,7 @@ from serving import RequestDeadline
 
 from .code_sessions import URI_SCHEME, SessionGone
 from .connection import EvaluationService, evaluation_service
-from .edge import LoopbackGuard
+from .edge import LoopbackGuard, transport_security
 from .environment import ENVIRONMENT_URI
 from .render import mime_type
 from .sessions import SessionTable, StreamableSessions
@@ -225,17 +225,17 @@ def create_app(settings: Settings, service: EvaluationService | None = None) -> 
     logging.getLogger("mcp.server.sse").addFilter(_unparsable_messages_as_warnings)
     gateway = Gateway(settings, service if service is not None else evaluation_service(settings))
     server = create_server(gateway)
-    security = settings.transport_security()
-    body_limit = settings.max_request_bytes
+    security = transport_security(settings.allowed_hosts, settings.allowed_origins)
+    body_limit = settings.request_bytes_limit
     sse = server.sse_app(transport_security=security, max_request_body_size=body_limit)
     streamable = server.streamable_http_app(
         transport_security=security,
         max_request_body_size=body_limit,
-        session_idle_timeout=settings.session_idle_timeout,
+        session_idle_timeout=settings.transport_session_idle_timeout,
         # A backstop only: the table below keeps the count, closing idle sessions.
-        max_sessions=2 * settings.max_sessions,
+        max_sessions=2 * settings.max_transport_sessions,
     )
-    sessions = SessionTable(settings.max_sessions, registry=gateway.metrics.registry)
+    sessions = SessionTable(settings.max_transport_sessions, registry=gateway.metrics.registry)
     StreamableSessions.install(server.session_manager, sessions)
 
     async def healthz(request: Request) -> JSONResponse:

@@ -13,15 +13,29 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
+from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving import send_text
 
-__all__ = ["LoopbackGuard", "is_loopback"]
+__all__ = ["LoopbackGuard", "is_loopback", "transport_security"]
+
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 logger = logging.getLogger(__name__)
+
+
+def transport_security(
+    allowed_hosts: Sequence[str], allowed_origins: Sequence[str]
+) -> TransportSecuritySettings:
+    """DNS-rebinding protection: loopback Hosts and Origins plus the configured extras."""
+    hosts = [f"{h}:*" for h in _LOOPBACK_HOSTS] + list(allowed_hosts)
+    origins = [f"http://{h}:*" for h in _LOOPBACK_HOSTS] + list(allowed_origins)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+    )
 
 
 def is_loopback(host: str) -> bool:

@@ -79,7 +79,8 @@ class SessionTable:
         if registry is not None:
             self._evicted = Counter(
                 "mcp_sessions_evicted",
-                "Idle sessions closed to make room for a new one (MCP_MAX_SESSIONS reached)",
+                "Idle sessions closed to make room for a new one "
+                "(MCP_MAX_TRANSPORT_SESSIONS reached)",
                 registry=registry,
             )
             open_sessions = Gauge(

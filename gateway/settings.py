@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import Annotated, Any, ClassVar
 
-from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import (
     Field,
     InstanceOf,
@@ -36,26 +32,23 @@ from pydantic_settings import SettingsConfigDict
 
 import plotting
 from evaluator import EvaluatorConfig
-from serving import ExplicitSettings, Flag, SettingsError, comma_separated, load
+from serving import ExplicitSettings, Flag, SettingsError, load
 
 from .edge import is_loopback
-from .tokens import SINGLE_TOKEN_CLIENT, ClientTokens, TokenFile
+from .setting_types import (
+    ClientTokensSetting,
+    CommaSeparated,
+    LogLevel,
+    PythonTable,
+    ServiceUrl,
+    TokenFileSetting,
+)
+from .tokens import SINGLE_TOKEN_CLIENT
 
-__all__ = [
-    "SNEKBOX_WORKERS",
-    "ClientTokens",
-    "Flag",
-    "LogLevel",
-    "Settings",
-    "SettingsError",
-    "TokenFile",
-]
-
-LogLevel = Literal["debug", "info", "warning", "error"]
+__all__ = ["SNEKBOX_WORKERS", "Settings", "SettingsError"]
 
 #: Snekbox's own worker count (its gunicorn default): what a remote service runs at once.
 SNEKBOX_WORKERS = 2
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
 class Settings(ExplicitSettings):
@@ -67,9 +60,13 @@ class Settings(ExplicitSettings):
     """
 
     model_config = SettingsConfigDict(env_prefix="MCP_")
+    renamed: ClassVar[Mapping[str, str]] = {
+        "MCP_MAX_SESSIONS": "max_transport_sessions",
+        "MCP_SESSION_IDLE_TIMEOUT": "transport_session_idle_timeout",
+    }
 
     snekbox_url: Annotated[
-        str | None,
+        ServiceUrl,
         Field(
             description="a Snekbox-compatible service to evaluate with; unset: the built-in "
             "evaluator, in-process"
@@ -77,7 +74,7 @@ class Settings(ExplicitSettings):
         Flag("Snekbox to evaluate code with", default="the built-in evaluator", metavar="URL"),
     ] = None
     # ``{"3.12": "/path"}``; the built-in evaluator says its own (``GET /info``).
-    snekbox_pythons: dict[str, str] | None = Field(
+    snekbox_pythons: PythonTable = Field(
         default=None,
         description="with the real Snekbox: `VERSION=/path` pairs, comma-separated, naming the "
         "interpreters of its image a call may choose (`python`)",
@@ -95,7 +92,7 @@ class Settings(ExplicitSettings):
         18080
     )
     # Before auth_token, whose validation takes the token from the file.
-    auth_token_file: TokenFile | None = Field(
+    auth_token_file: TokenFileSetting = Field(
         default=None,
         description="read the token from this file (Docker secrets), which must hold one; "
         "`MCP_AUTH_TOKEN` wins if both are set",
@@ -108,7 +105,7 @@ class Settings(ExplicitSettings):
         "`/sse`, `/messages/`, `/mcp`",
     )
     # Parsed by gateway.settings.ClientTokens.
-    auth_tokens_file: ClientTokens | None = Field(
+    auth_tokens_file: ClientTokensSetting = Field(
         default=None,
         description="several clients' tokens: a file of `NAME TOKEN` lines (`#` comments and "
         "blank lines skipped; names of letters, digits, `.`, `_`, `-`, unique; tokens of 16 "
@@ -134,13 +131,13 @@ class Settings(ExplicitSettings):
         ),
         Flag("serve a non-loopback address without a token"),
     ] = False
-    allowed_hosts: tuple[str, ...] = Field(
+    allowed_hosts: CommaSeparated = Field(
         default=(),
         description="extra `Host` values accepted (comma-separated, `host:*` for any port): "
         "DNS-rebinding protection",
         json_schema_extra={"shown_default": "loopback"},
     )
-    allowed_origins: tuple[str, ...] = Field(
+    allowed_origins: CommaSeparated = Field(
         default=(),
         description="extra `Origin` values accepted (comma-separated)",
         json_schema_extra={"shown_default": "loopback"},
@@ -175,10 +172,13 @@ class Settings(ExplicitSettings):
         description="seconds between progress notifications to clients that ask for them (at "
         "least 0.1)",
     )
-    max_request_bytes: PositiveInt = Field(
-        default=6 * 1024 * 1024,
-        description="largest HTTP request body (413 above); room for `MCP_MAX_UPLOAD_BYTES` of "
-        "binary files in base64 (4/3 as many bytes) and 2 MB of code",
+    max_request_bytes: PositiveInt | None = Field(
+        default=None,
+        description="largest HTTP request body (413 above)",
+        json_schema_extra={
+            "shown_default": "room for `MCP_MAX_UPLOAD_BYTES` of binary files in base64 (4/3 as "
+            "many bytes) and 2 MiB of code: 6 MiB by default"
+        },
     )
     max_code_chars: PositiveInt = Field(default=1_000_000, description="longest code accepted")
     max_output_chars: PositiveInt = Field(
@@ -201,17 +201,20 @@ class Settings(ExplicitSettings):
         default=30.0,
         description="on SIGTERM, seconds to let calls in flight finish (new calls are turned away)",
     )
-    # gateway.sessions
-    max_sessions: PositiveInt = Field(
+    # gateway.sessions: MCP transport sessions, not code sessions nor live interpreters.
+    max_transport_sessions: PositiveInt = Field(
         default=256,
-        description="MCP sessions open at once, both transports together (an SSE session is its "
-        "open `/sse` stream); a new one closes the session idle the longest without a call in "
-        "flight, and is refused (503) only if every one has a call in flight",
+        description="MCP transport sessions (a client's connection state, not a code session) "
+        "open at once, both transports together (an SSE session is its open `/sse` stream); a "
+        "new one closes the session idle the longest without a call in flight, and is refused "
+        "(503) only if every one has a call in flight. Was `MCP_MAX_SESSIONS`, still read for "
+        "this release",
     )
-    session_idle_timeout: PositiveFloat = Field(
+    transport_session_idle_timeout: PositiveFloat = Field(
         default=600.0,
-        description="seconds a Streamable HTTP session may go without a request before it is "
-        "closed (its id then answers 404, and the client starts a new session)",
+        description="seconds a Streamable HTTP transport session may go without a request "
+        "before it is closed (its id then answers 404, and the client starts a new session). "
+        "Was `MCP_SESSION_IDLE_TIMEOUT`, still read for this release",
     )
     # serving: the headers' deadline in the protocol, the body's in the middleware.
     request_timeout: PositiveFloat = Field(
@@ -316,74 +319,11 @@ class Settings(ExplicitSettings):
             raise
         return load(cls, environ, flags, evaluator_config=evaluator_config)
 
-    @field_validator("snekbox_url", mode="before")
-    @classmethod
-    def _url_with_a_scheme(cls, value: Any) -> Any:
-        if value is None or not isinstance(value, str) or not value.strip():
-            return None if isinstance(value, str) else value
-        url = value.strip()
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                "it must be an http:// or https:// URL with a host, e.g. http://snekbox:8060"
-            )
-        return url
-
-    @field_validator("snekbox_pythons", mode="before")
-    @classmethod
-    def _version_table(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        table = {}
-        for item in filter(None, (part.strip() for part in value.split(","))):
-            version, _, path = item.partition("=")
-            version, path = version.strip(), path.strip()
-            if not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", version) or not path.startswith("/"):
-                raise ValueError(
-                    "it must be comma-separated VERSION=/absolute/path pairs, e.g. "
-                    "3.12=/usr/local/bin/python3.12"
-                )
-            table[version] = path
-        return table
-
-    @field_validator("auth_token_file", mode="before")
-    @classmethod
-    def _read_token_file(cls, value: Any) -> Any:
-        if not isinstance(value, str | Path):
-            return value
-        path = Path(value)
-        try:
-            token = path.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"the file cannot be read ({exc.strerror})") from None
-        except UnicodeDecodeError:
-            raise ValueError("the file is not text") from None
-        if not token:
-            raise ValueError("the file is empty (it must hold the token)")
-        return TokenFile(path, token)
-
-    @field_validator("auth_tokens_file", mode="before")
-    @classmethod
-    def _read_tokens_file(cls, value: Any) -> Any:
-        if not isinstance(value, str | Path):
-            return value
-        return ClientTokens.read(Path(value))
-
     @field_validator("auth_token", mode="after")
     @classmethod
     def _token_or_its_file(cls, token: str | None, info: ValidationInfo) -> str | None:
         token_file = info.data.get("auth_token_file")
         return token if token or token_file is None else token_file.token
-
-    @field_validator("allowed_hosts", "allowed_origins", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: Any) -> Any:
-        return comma_separated(value)
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _lower_case(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value
 
     @property
     def client_tokens(self) -> dict[str, str]:
@@ -398,6 +338,13 @@ class Settings(ExplicitSettings):
     def authenticated(self) -> bool:
         """Whether clients must send a bearer token."""
         return bool(self.auth_token or self.auth_tokens_file)
+
+    @property
+    def request_bytes_limit(self) -> int:
+        """The largest request body: the setting, or room for the uploads in base64 and 2 MiB."""
+        if self.max_request_bytes is not None:
+            return self.max_request_bytes
+        return -(-self.max_upload_bytes * 4 // 3) + 2 * 1024 * 1024
 
     @property
     def backend_workers(self) -> int:
@@ -443,11 +390,3 @@ class Settings(ExplicitSettings):
                 "front authenticates, opt out with MCP_ALLOW_UNAUTHENTICATED=true "
                 "(--allow-unauthenticated)."
             )
-
-    def transport_security(self) -> TransportSecuritySettings:
-        """DNS-rebinding protection: loopback Hosts and Origins plus the configured extras."""
-        hosts = [f"{h}:*" for h in _LOOPBACK_HOSTS] + list(self.allowed_hosts)
-        origins = [f"http://{h}:*" for h in _LOOPBACK_HOSTS] + list(self.allowed_origins)
-        return TransportSecuritySettings(
-            enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
-        )

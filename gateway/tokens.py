@@ -20,6 +20,23 @@ class TokenFile:
     path: Path
     token: str = field(repr=False)
 
+    @classmethod
+    def read(cls, path: Path) -> TokenFile:
+        """The token in the file at ``path``, stripped.
+
+        Raises:
+            ValueError: it cannot be read, is not text, or is empty.
+        """
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"the file cannot be read ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise ValueError("the file is not text") from None
+        if not token:
+            raise ValueError("the file is empty (it must hold the token)")
+        return cls(path, token)
+
 
 #: A client's name in a tokens file: it appears in logs and metrics.
 _CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

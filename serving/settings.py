@@ -16,10 +16,11 @@ declared ``repr=False`` is a secret: its value is shown as ``(hidden)``.
 from __future__ import annotations
 
 import argparse
+import logging
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Self, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar, Union, get_args, get_origin
 
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
@@ -38,6 +39,8 @@ __all__ = [
 ]
 
 S = TypeVar("S", bound="ExplicitSettings")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,9 @@ class ExplicitSettings(BaseSettings):
     model_config = SettingsConfigDict(
         frozen=True, extra="forbid", allow_inf_nan=False, validate_default=True
     )
+    #: Variables renamed, still read for one release: old variable -> the field it sets now.
+    #: Reading one logs a line naming the new variable; the new one wins if both are set.
+    renamed: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def settings_customise_sources(
@@ -125,15 +131,34 @@ class EnvironmentSource(PydanticBaseSettingsSource):
         super().__init__(settings_cls)
         self._settings_cls = settings_cls
         self._environ = environ
+        #: The variable each field was read from, where it is not the field's own (a renamed
+        #: one), so that a value it refuses is named as it was given.
+        self.origin: dict[str, str] = {}
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        value = self._environ.get(self._settings_cls.variable(field_name))
+        variable = self._settings_cls.variable(field_name)
+        value = self._environ.get(variable)
+        if value is None:
+            value = self._renamed_value(field_name, variable)
         if value is None:
             return None, field_name, False
         value = value.strip()
         if not value and any(isinstance(m, Flag) and m.empty for m in field.metadata):
             return "", field_name, False
         return value or None, field_name, False
+
+    def _renamed_value(self, field_name: str, variable: str) -> str | None:
+        """The value of an old name of ``field_name``'s variable, if one is set."""
+        for old, name in self._settings_cls.renamed.items():
+            if name == field_name and old in self._environ:
+                log.warning(
+                    "%s is deprecated and will be read for this release only: set %s instead",
+                    old,
+                    variable,
+                )
+                self.origin[field_name] = old
+                return self._environ[old]
+        return None
 
     def __call__(self) -> dict[str, Any]:
         values = {}
@@ -203,7 +228,8 @@ def load(
     """
     given = vars(flags) if isinstance(flags, argparse.Namespace) else dict(flags or {})
     flagged = {k: v for k, v in given.items() if k in settings_cls.flags()}
-    merged = {**EnvironmentSource(settings_cls, environ)(), **flagged, **values}
+    environment = EnvironmentSource(settings_cls, environ)
+    merged = {**environment(), **flagged, **values}
     try:
         return settings_cls(**merged)
     except ValidationError as exc:
@@ -214,7 +240,8 @@ def load(
             if name in flagged:
                 source = flag(name)
             else:
-                source = settings_cls.variable(name) if field is not None else name
+                variable = environment.origin.get(name) or settings_cls.variable(name)
+                source = variable if field is not None else name
             shown = repr(merged.get(name, error["input"]))
             if field is not None and not field.repr:
                 shown = "(hidden)"

@@ -71,7 +71,7 @@ def gateway() -> Iterator[ServiceProcess]:
     """The gateway of the floods: the default request deadline (20 s), since a loaded machine
     may take seconds between opening a flood's connection and sending its request."""
     env = {
-        "MCP_MAX_SESSIONS": str(MAX_SESSIONS),
+        "MCP_MAX_TRANSPORT_SESSIONS": str(MAX_SESSIONS),
         "MCP_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
         "EVALUATOR_TIME_LIMIT": "30",
     }
@@ -273,7 +273,7 @@ async def test_a_session_with_a_call_in_flight_is_not_closed(
 
 
 def test_an_idle_session_expires() -> None:
-    with running(gateway_process({"MCP_SESSION_IDLE_TIMEOUT": "1"})) as service:
+    with running(gateway_process({"MCP_TRANSPORT_SESSION_IDLE_TIMEOUT": "1"})) as service:
         session = RawSession(service.url).initialize()
         assert session.session_id is not None
         assert metric(service.url, "mcp_sessions_open") == 1

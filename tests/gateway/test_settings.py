@@ -298,3 +298,25 @@ def test_a_bad_tokens_file_is_refused_by_its_line(tmp_path: Path, text: str, why
         Settings.from_env({"MCP_AUTH_TOKENS_FILE": str(tokens)})
     assert f"MCP_AUTH_TOKENS_FILE={str(tokens)!r} is not allowed: {why}" in str(refused.value)
     assert "0123456789abcdef" not in str(refused.value)
+
+
+def test_a_renamed_variable_is_read_this_release_with_a_line_naming_the_new_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="serving.settings"):
+        old = Settings.from_env({"MCP_MAX_SESSIONS": "7", "MCP_SESSION_IDLE_TIMEOUT": "5"})
+    assert (old.max_transport_sessions, old.transport_session_idle_timeout) == (7, 5.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "MCP_MAX_SESSIONS is deprecated and will be read for this release only: set "
+        "MCP_MAX_TRANSPORT_SESSIONS instead",
+        "MCP_SESSION_IDLE_TIMEOUT is deprecated and will be read for this release only: set "
+        "MCP_TRANSPORT_SESSION_IDLE_TIMEOUT instead",
+    ]
+    both = Settings.from_env({"MCP_MAX_SESSIONS": "7", "MCP_MAX_TRANSPORT_SESSIONS": "9"})
+    assert both.max_transport_sessions == 9  # the new name wins
+
+
+def test_the_request_body_limit_follows_the_uploads_unless_set() -> None:
+    assert Settings().request_bytes_limit == 6 * 1024 * 1024
+    assert Settings(max_upload_bytes=3 * 1024).request_bytes_limit == 4 * 1024 + 2 * 1024 * 1024
+    assert Settings(max_request_bytes=1000).request_bytes_limit == 1000
