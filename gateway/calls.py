@@ -41,7 +41,7 @@ from .connection import Connection
 from .evaluation import Evaluations, Run
 from .failures import GATEWAY_FAILED, ServiceFailure
 from .metrics import Metrics
-from .render import render_result
+from .render import RenderLimits, render_result
 from .settings import Settings
 from .uploads import InputFile, UploadRefused, decode_files
 
@@ -92,6 +92,7 @@ class Calls:
         metrics: Metrics,
     ) -> None:
         self.settings = settings
+        self.limits = RenderLimits.of(settings)
         self.connection = connection
         self.sessions = sessions
         self.admission = admission
@@ -244,7 +245,7 @@ class Calls:
         rendered = render_result(
             result,
             duration=time.monotonic() - call.started,
-            settings=self.settings,
+            limits=self.limits,
             session=view,
             notes=choices.notes,
         )

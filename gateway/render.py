@@ -45,14 +45,14 @@ from .schema import ExecutionResult, FileInfo, ImageInfo, WrittenFile
 from .settings import Settings
 from .text import MAX_LISTED, clean, cut_middle, end_of_output, fitting, listing, quote, size
 
-__all__ = ["SessionView", "compose", "mime_type", "render_result"]
+__all__ = ["RenderLimits", "SessionView", "compose", "mime_type", "render_result"]
 
 
 def render_result(
     result: EvalResult,
     *,
     duration: float,
-    settings: Settings,
+    limits: RenderLimits,
     session: SessionView | None = None,
     notes: Sequence[str] = (),
 ) -> CallToolResult:
@@ -60,36 +60,64 @@ def render_result(
 
     ``notes`` say how the call's arguments and its script block were reconciled.
 
-    The serialized result stays within ``settings.max_result_bytes`` (less room for the
+    The serialized result stays within ``limits.max_result_bytes`` (less room for the
     envelope). Figures are chosen against a result whose output is cut to
     :data:`~gateway.budget.OUTPUT_FLOOR` characters; then the output gets what is left, up to
     ``max_output_chars``. Should that not be enough (output made of characters that take 12
     bytes each once escaped, say), :meth:`~gateway.budget.Cut.smaller` says what gives way, and
     each cut is said in the text.
     """
-    memory = None if settings.snekbox_url else settings.evaluator_config.memory_limit
-    facts = Facts.of(result, duration, settings.max_image_side, memory)
-    limit = settings.max_result_bytes - ENVELOPE_BYTES
-    floor = min(settings.max_output_chars, OUTPUT_FLOOR)
+    facts = Facts.of(result, duration, limits.max_image_side, limits.memory_limit)
+    limit = limits.max_result_bytes - ENVELOPE_BYTES
+    floor = min(limits.max_output_chars, OUTPUT_FLOOR)
     extra = _Extra(result.installed, result.install_seconds, tuple(notes))
     reasons: dict[str, str | None] = {}
     if facts.figures:  # without any, the result is composed once, as most are
         # Figures are chosen before the inline files, which are the first to give way.
         unchosen = {f.file.path: f.problem or OVER_BUDGET for f in facts.figures}
-        bare = compose(facts, settings, Cut(floor, LISTING_CHARS, unchosen, 0), session, extra)
+        bare = compose(facts, limits, Cut(floor, LISTING_CHARS, unchosen, 0), session, extra)
         reasons = choose_images(
             facts.figures,
-            max_images=settings.max_images,
-            max_image_bytes=settings.max_image_bytes,
+            max_images=limits.max_images,
+            max_image_bytes=limits.max_image_bytes,
             room=limit - wire_size(bare),
         )
-    cut: Cut | None = Cut(min(settings.max_output_chars, len(facts.output)), LISTING_CHARS, reasons)
+    cut: Cut | None = Cut(min(limits.max_output_chars, len(facts.output)), LISTING_CHARS, reasons)
     while cut is not None:
-        rendered = compose(facts, settings, cut, session, extra)
+        rendered = compose(facts, limits, cut, session, extra)
         if wire_size(rendered) <= limit:
             return rendered
         cut = cut.smaller(floor)
     return rendered  # a budget smaller than a bare status line: nothing more could give way
+
+
+@dataclass(frozen=True)
+class RenderLimits:
+    """The few limits a result is rendered within: its size, its output, its figures, and
+    what the result says of the call's time limit and the memory limit."""
+
+    max_result_bytes: int
+    max_output_chars: int
+    max_images: int
+    max_image_bytes: int
+    max_image_side: int
+    #: The most a call's ``timeout_seconds`` may ask.
+    max_time_limit: float
+    #: MiB of memory the built-in evaluator enforces; ``None``: a remote service's own.
+    memory_limit: int | None
+
+    @classmethod
+    def of(cls, settings: Settings) -> RenderLimits:
+        """The limits ``settings`` set."""
+        return cls(
+            max_result_bytes=settings.max_result_bytes,
+            max_output_chars=settings.max_output_chars,
+            max_images=settings.max_images,
+            max_image_bytes=settings.max_image_bytes,
+            max_image_side=settings.max_image_side,
+            max_time_limit=settings.max_time_limit,
+            memory_limit=None if settings.snekbox_url else settings.evaluator_config.memory_limit,
+        )
 
 
 @dataclass(frozen=True)
@@ -103,7 +131,7 @@ class _Extra:
 
 def compose(
     facts: Facts,
-    settings: Settings,
+    limits: RenderLimits,
     cut: Cut,
     session: SessionView | None = None,
     extra: _Extra = _Extra(),
@@ -111,10 +139,10 @@ def compose(
     """The result of ``facts``, cut as ``cut`` says."""
     shown, truncated = cut_middle(facts.output, cut.output_chars)
     lines = _head(facts, shown, truncated, extra)
-    images, blocks = _figures(facts, settings, cut, lines)
+    images, blocks = _figures(facts, limits, cut, lines)
     files = _files(facts, session, cut, lines, blocks)
     if session is not None:
-        lines += _session_lines(session, settings)
+        lines += _session_lines(session, limits)
     structured = ExecutionResult(
         stdout=shown,
         stdout_truncated=truncated,
@@ -162,7 +190,7 @@ def _head(facts: Facts, shown: str, truncated: bool, extra: _Extra) -> list[str]
 
 
 def _figures(
-    facts: Facts, settings: Settings, cut: Cut, lines: list[str]
+    facts: Facts, limits: RenderLimits, cut: Cut, lines: list[str]
 ) -> tuple[list[ImageInfo], list[ContentBlock]]:
     """One image block per figure returned and every figure's entry; a line in ``lines`` for
     each kind of figure not returned (over the budget, unfit, lost, missing)."""
@@ -204,8 +232,8 @@ def _figures(
         lines.append(
             f"[{len(over_budget)} of {total} figures not returned: "
             f"{listing(over_budget, chars)}; a result holds at most "
-            f"{settings.max_images} images and {settings.max_image_bytes:,} bytes of PNG, and "
-            f"{settings.max_result_bytes:,} bytes in all. Draw fewer or smaller figures "
+            f"{limits.max_images} images and {limits.max_image_bytes:,} bytes of PNG, and "
+            f"{limits.max_result_bytes:,} bytes in all. Draw fewer or smaller figures "
             "(figsize, dpi) to see them.]"
         )
     if unfit:
@@ -296,7 +324,7 @@ def _files(
     return _Files(files, len(listed), absent, len(named))
 
 
-def _session_lines(session: SessionView, settings: Settings) -> list[str]:
+def _session_lines(session: SessionView, limits: RenderLimits) -> list[str]:
     """What the result says of its session: its interpreter, a lowered time limit, its id."""
     lines = []
     if session.after_abandoned_call:
@@ -314,7 +342,7 @@ def _session_lines(session: SessionView, settings: Settings) -> list[str]:
     if session.time_limit_lowered is not None:
         lines.append(
             f"[timeout_seconds {session.time_limit_lowered:g} is above the maximum, "
-            f"{settings.max_time_limit:g} s, which was used instead]"
+            f"{limits.max_time_limit:g} s, which was used instead]"
         )
     lines.append(f'[session_id: "{session.id}" (pass it to continue this session)]')
     return lines

@@ -247,12 +247,17 @@ class Settings(ExplicitSettings):
         "made again when an answer changes it",
     )
     # gateway.code_sessions
-    max_code_sessions: PositiveInt = Field(
-        default=64,
+    max_code_sessions: PositiveInt | None = Field(
+        default=None,
         description="code sessions (`session_id`: a working directory's files kept across "
         "calls) open at once; a new one closes the longest idle session of the client holding "
         "the most, never one running a call (its id then answers that it was closed to make "
-        "room), and is refused only if every one that could go is running a call",
+        "room), and is refused only if every one that could go is running a call. With the "
+        "built-in evaluator in-process, at most its live-session cap",
+        json_schema_extra={
+            "shown_default": "the evaluator's live-session cap (in-process, or as its `GET "
+            "/info` says), else 64"
+        },
     )
     max_code_sessions_per_client: PositiveInt | None = Field(
         default=None,

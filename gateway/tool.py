@@ -33,6 +33,10 @@ __all__ = ["END_TOOL_NAME", "TOOL_NAME", "Gateway"]
 END_TOOL_NAME = "end_session"
 
 
+#: The code sessions kept when neither the settings nor the service say how many (Snekbox).
+DEFAULT_CODE_SESSIONS = 64
+
+
 class Gateway:
     """The tools, on the evaluation service it is handed.
 
@@ -53,7 +57,7 @@ class Gateway:
         )
         self.metrics = Metrics(self.admission)
         self.sessions = CodeSessions(
-            max_sessions=settings.max_code_sessions,
+            max_sessions=settings.max_code_sessions or DEFAULT_CODE_SESSIONS,
             per_client=settings.max_code_sessions_per_client,
             idle_timeout=settings.code_session_idle_timeout,
             registry=self.metrics.registry,
@@ -67,12 +71,20 @@ class Gateway:
 
     async def __aenter__(self) -> Gateway:
         await self.connection.start(self.tool_description)
-        if self.connection.local is not None:
-            # The gateway closes sessions first (and ends their interpreters): the evaluator
-            # never drops one that the gateway still holds.
-            limit = self.connection.local.session_limit  # derived at its start
-            self.sessions.max_sessions = max(1, min(self.sessions.max_sessions, limit))
+        self.sessions.max_sessions = self._code_session_cap()
         return self
+
+    def _code_session_cap(self) -> int:
+        """The code sessions this gateway keeps: the setting, or the evaluator's live-session
+        cap where it can ask. In-process, never more than that cap: the gateway closes sessions
+        first (and ends their interpreters), so the evaluator never drops one it still holds."""
+        asked = self.settings.max_code_sessions
+        if self.connection.local is not None:
+            limit = self.connection.local.session_limit  # derived at its start
+            return max(1, min(asked or limit, limit))
+        if asked is None and self.connection.info.max_sessions > 0:  # as GET /info says
+            return self.connection.info.max_sessions
+        return asked or DEFAULT_CODE_SESSIONS
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.connection.aclose()

@@ -7,6 +7,7 @@ import zlib
 
 from gateway.budget import INLINE_TOTAL_BYTES, OVER_BUDGET, Cut, choose_images
 from gateway.facts import Figure
+from gateway.render import RenderLimits
 from python_mcp_server import Settings, render_result
 from snekbox_client import EvalResult, File
 from tests.support import text_of
@@ -86,5 +87,5 @@ def test_a_figure_that_is_not_a_sound_png_is_refused_with_its_defect() -> None:
 
 
 def test_empty_output_is_said() -> None:
-    result = render_result(EvalResult("", 0), duration=0.1, settings=Settings())
+    result = render_result(EvalResult("", 0), duration=0.1, limits=RenderLimits.of(Settings()))
     assert text_of(result) == "(no output)\n[exit code 0: ok]"

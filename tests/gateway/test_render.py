@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from mcp.types import TextContent
 
+from gateway.render import RenderLimits
 from python_mcp_server import Settings, describe_exit, render_result
 from snekbox_client import EndedBy, EvalResult
 
@@ -99,13 +100,13 @@ def test_a_memory_kill_names_the_limit_when_the_gateway_knows_it() -> None:
     built_in = render_result(
         EvalResult(stdout="", returncode=137, ended_by="memory_limit"),
         duration=0.4,
-        settings=Settings(),
+        limits=RenderLimits.of(Settings()),
     )
     assert f"memory limit ({Settings().evaluator_config.memory_limit:,} MiB)" in str(built_in)
     remote = render_result(
         EvalResult(stdout="", returncode=137),
         duration=0.4,
-        settings=Settings(snekbox_url="http://snekbox:8060"),
+        limits=RenderLimits.of(Settings(snekbox_url="http://snekbox:8060")),
     )
     assert "MiB" not in str(remote) and "does not say which" in str(remote)
 
@@ -115,7 +116,7 @@ def test_long_output_keeps_head_and_tail_and_says_sizes() -> None:
     result = render_result(
         EvalResult(stdout=stdout, returncode=0),
         duration=0.1,
-        settings=Settings(max_output_chars=1000),
+        limits=RenderLimits.of(Settings(max_output_chars=1000)),
     )
     text = result.content[0]
     assert isinstance(text, TextContent)
@@ -131,7 +132,7 @@ def test_long_output_keeps_head_and_tail_and_says_sizes() -> None:
 
 def test_text_is_output_then_a_closing_line_then_the_status() -> None:
     result = render_result(
-        EvalResult(stdout="hello\n", returncode=0), duration=0.1, settings=Settings()
+        EvalResult(stdout="hello\n", returncode=0), duration=0.1, limits=RenderLimits.of(Settings())
     )
     text = result.content[0]
     assert isinstance(text, TextContent)
@@ -144,7 +145,7 @@ def test_a_cut_output_is_said_to_be_cut_after_it() -> None:
     result = render_result(
         EvalResult(stdout="x" * 5000, returncode=0),
         duration=0.1,
-        settings=Settings(max_output_chars=100),
+        limits=RenderLimits.of(Settings(max_output_chars=100)),
     )
     text = result.content[0]
     assert isinstance(text, TextContent)
@@ -154,7 +155,9 @@ def test_a_cut_output_is_said_to_be_cut_after_it() -> None:
 def test_the_evaluators_message_is_quoted_in_the_status_not_shown_as_output() -> None:
     message = "UnicodeDecodeError: invalid Unicode in output pipe"
     result = render_result(
-        EvalResult(stdout=message, returncode=None), duration=0.1, settings=Settings()
+        EvalResult(stdout=message, returncode=None),
+        duration=0.1,
+        limits=RenderLimits.of(Settings()),
     )
     assert not result.is_error
     text = result.content[0]

@@ -22,6 +22,7 @@ from mcp.types import CallToolResult, ImageContent
 from PIL import Image
 
 from gateway.facts import NOT_RETURNED
+from gateway.render import RenderLimits
 from plotting import MANIFEST_NAME, PNG_SIGNATURE
 from python_mcp_server import Settings, render_result
 from snekbox_client import EvalResult, File
@@ -45,7 +46,9 @@ def render(
     stdout: str = "", returncode: int | None = 0, files: tuple[File, ...] = (), **settings: Any
 ) -> CallToolResult:
     return render_result(
-        EvalResult(stdout, returncode, files), duration=0.1, settings=Settings(**settings)
+        EvalResult(stdout, returncode, files),
+        duration=0.1,
+        limits=RenderLimits.of(Settings(**settings)),
     )
 
 
