@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from evaluator import Evaluator, SandboxUnavailable, service
+from evaluator import Evaluator, SandboxUnavailable, startup
 from evaluator.cgroups import _cgroup_mounts, _own_v1_cgroup
 from evaluator.procfs import status
 from snekbox_client import EvalRequest, EvalResult
@@ -125,8 +125,8 @@ async def test_a_start_up_check_killed_twice_at_its_time_limit_says_the_host_is_
 ) -> None:
     """Issue 27: on a loaded host the check was killed at its limit, and the service said
     "install bubblewrap". Here the check run sleeps past a tiny limit, in a real sandbox."""
-    monkeypatch.setattr(service, "_PROBE", _SLEEPS)
-    monkeypatch.setattr(service, "_PROBE_TIME_LIMIT", 0.5)
+    monkeypatch.setattr(startup, "PROBE", _SLEEPS)
+    monkeypatch.setattr(startup, "PROBE_TIME_LIMIT", 0.5)
     with pytest.raises(SandboxUnavailable) as caught:
         await Evaluator(config()).start()
     message = str(caught.value)
@@ -148,7 +148,7 @@ async def test_a_start_up_check_killed_once_at_its_time_limit_is_tried_again(
         if len(limits) > 1:
             return await real_run(self, limit)
         with monkeypatch.context() as patched:
-            patched.setattr(service, "_PROBE", _SLEEPS)
+            patched.setattr(startup, "PROBE", _SLEEPS)
             result = await real_run(self, 0.5)
         assert result.ended_by == "time_limit"
         return result
@@ -158,14 +158,14 @@ async def test_a_start_up_check_killed_once_at_its_time_limit_is_tried_again(
         result = await started.run(EvalRequest(args=("-c", "print(2 + 2)")))
     assert result.stdout == "4\n"
     # Room of its own, whatever the runs' limit (the suite's is 2 s).
-    assert limits == [service._PROBE_TIME_LIMIT] * 2
-    assert service._PROBE_TIME_LIMIT >= 60
+    assert limits == [startup.PROBE_TIME_LIMIT] * 2
+    assert startup.PROBE_TIME_LIMIT >= 60
 
 
 async def test_a_start_up_check_that_fails_in_the_interpreter_is_no_missing_sandbox(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(service, "_PROBE", "raise SystemExit('the interpreter is broken')")
+    monkeypatch.setattr(startup, "PROBE", "raise SystemExit('the interpreter is broken')")
     with pytest.raises(SandboxUnavailable) as caught:
         await Evaluator(config()).start()
     message = str(caught.value)

@@ -64,7 +64,7 @@ async def evaluator(
     async with Evaluator(settings) as started:
         # The other Python's base layer installs in the background from the start: done before
         # any test, so that the installs a test counts are its own (run first, a test saw 2).
-        await asyncio.gather(*started._preinstalls)
+        await started.preinstalled()
         yield started
 
 

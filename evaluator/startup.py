@@ -1,0 +1,295 @@
+"""The evaluator's start-up: what it checks and prepares on the host, and the probe run.
+
+Each step is a function :meth:`.service.Evaluator.start` calls in turn: the sandbox's view of the
+host (bwrap found, user namespaces allowed), the cgroups (those a dead evaluator left swept), the
+files every sandbox binds, the seccomp filter, then a first run that proves the whole sandbox
+works here (:func:`probe`). In the background: the environment's bytecode, and matplotlib's
+font list built once in a sandbox so that runs do not rebuild it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from snekbox_client import EvalResult
+
+from . import bytecode, limits, seccomp
+from .cgroups import Cgroups
+from .commands import CommandLines
+from .config import EvaluatorConfig, MiB
+from .errors import SandboxUnavailable
+from .host import (
+    HOME,
+    MPLCONFIGDIR,
+    WHAT_TO_DO,
+    check_prerequisites,
+    environment,
+    interpreter_paths,
+    sandbox_view,
+)
+from .jail import SandboxView
+from .pool import SandboxPool
+from .pythons import Interpreter
+from .sandbox import Sandbox
+from .users import RunUsers
+from .workdir import WorkdirRoot
+
+__all__ = [
+    "PROBE",
+    "PROBE_TIME_LIMIT",
+    "HostTooBusy",
+    "build_fontlist",
+    "check_bytecode",
+    "detect_cgroups",
+    "log_sessions",
+    "make_pool",
+    "place_agent_files",
+    "probe",
+    "sandbox_view_of",
+    "seccomp_filter",
+    "warn_if_unsandboxed",
+]
+
+log = logging.getLogger(__name__)
+
+#: The code of the start-up check run.
+PROBE = "import sys; print('ok')"
+#: Seconds the start-up check run may take, whatever the runs' limit: it needs ~50 ms, but a
+#: busy host (load 10-27 on 2 cores was seen) must not be taken for a missing sandbox.
+PROBE_TIME_LIMIT = 60.0
+# How the launcher's own failures begin (_launcher.py).
+_LAUNCH_FAILED = "the sandbox could not start"
+# Builds matplotlib's font list once, so that runs do not rebuild it (~150 ms each).
+_FONTLIST = "import matplotlib.font_manager"
+# The warm agent, bound read-only into its sandbox: the sandbox binds only the interpreter's
+# environment, where this package may not be (a checkout run with uv run).
+_AGENT = Path(__file__).with_name("_agent.py")
+
+
+class HostTooBusy(SandboxUnavailable):
+    """The start-up check run was killed at its time limit twice: the host is too busy."""
+
+
+def warn_if_unsandboxed(config: EvaluatorConfig) -> None:
+    """Say loudly, at every start, that code runs without a sandbox, if it does."""
+    if config.unsandboxed:
+        log.warning(
+            "THE EVALUATOR RUNS CODE UNSANDBOXED: no namespaces, no read-only file system, "
+            "no network isolation; code runs as this process's user (uid %d). "
+            "Never expose this service.",
+            os.geteuid(),
+        )
+
+
+def sandbox_view_of(
+    config: EvaluatorConfig, pythons: tuple[Interpreter, ...]
+) -> tuple[SandboxView, dict[str, tuple[str, ...]]]:
+    """What the sandboxes see of the host, and the paths of each interpreter but the default
+    (bound only into the sandboxes that run them: each sees its own interpreter).
+
+    Raises:
+        SandboxUnavailable: bwrap is missing, or user namespaces are disabled.
+    """
+    check_prerequisites(config.bwrap)
+    python_binds = {p.path: interpreter_paths(p.path) for p in pythons if not p.default}
+    others = [path for paths in python_binds.values() for path in paths]
+    view = sandbox_view(config, others)
+    if view.home != HOME:
+        log.info(
+            "the working directory inside the sandbox is %s: the interpreter lies "
+            "under %s, where it is bound read-only",
+            view.home,
+            HOME,
+        )
+    return view, python_binds
+
+
+def detect_cgroups(config: EvaluatorConfig) -> Cgroups:
+    """The cgroup support of this host, with the cgroups of a dead evaluator swept."""
+    cgroups = Cgroups.detect(
+        config.cgroup_name, config.memory_limit * MiB, config.pids_limit, config.cpu_limit
+    )
+    swept = cgroups.sweep()
+    if swept:
+        log.info("removed %d cgroups left by a previous evaluator", swept)
+    return cgroups
+
+
+def place_agent_files(root: WorkdirRoot) -> tuple[str, str]:
+    """The agent's file and an empty file, read-only in the private directory, which every
+    sandbox user can reach (the package may lie below one it cannot, /root)."""
+    agent = root.path / "agent.py"
+    agent.write_bytes(_AGENT.read_bytes())
+    agent.chmod(0o444)
+    empty = root.path / "empty"
+    empty.touch(0o444)
+    return str(agent), str(empty)
+
+
+def seccomp_filter(config: EvaluatorConfig, users: RunUsers) -> tuple[bytes | None, str]:
+    """The compiled syscall filter, or ``None`` and why there is none."""
+    if not config.seccomp or config.unsandboxed:
+        return None, "disabled by configuration"
+    reason = seccomp.unavailable_reason()
+    if reason is not None:
+        return None, reason
+    return seccomp.compile_filter(shared_user=not users.dropping), "disabled by configuration"
+
+
+def make_pool(
+    config: EvaluatorConfig,
+    root: WorkdirRoot,
+    cgroups: Cgroups,
+    users: RunUsers,
+    commands: CommandLines,
+    seccomp_program: bytes | None,
+    *,
+    on_dispose: Callable[[Sandbox], None],
+) -> tuple[SandboxPool, int | None]:
+    """The pool of sandboxes, with the limits ``config`` gives them here, and the shared
+    RLIMIT_NPROC (``None``: none) the runs get."""
+    rlimits, nproc = limits.rlimits(config, cgroups, mounted=root.bounded, own_uid=users.dropping)
+    pool = SandboxPool(
+        root,
+        cgroups,
+        users,
+        covers=commands.covers(root) if users.dropping else (),
+        workdir_size=config.workdir_size * MiB,
+        workdir_inodes=config.workdir_inodes,
+        shm_size=None if config.unsandboxed else config.shm_size * MiB,
+        rlimits=rlimits,
+        seccomp_program=seccomp_program,
+        host_env=environment(config) if config.unsandboxed else None,
+        ready=config.concurrency if config.prewarm else 0,
+        on_dispose=on_dispose,
+    )
+    return pool, nproc
+
+
+def log_sessions(
+    config: EvaluatorConfig, session_limit: int, session_bytes: int, cgroups: Cgroups
+) -> None:
+    """Say how many live sessions there may be, and what each is counted at."""
+    log.info(
+        "live sessions: at most %d%s, each counted at %d MiB (%s)",
+        session_limit,
+        " (EVALUATOR_MAX_SESSIONS)" if config.max_sessions is not None else "",
+        session_bytes // MiB,
+        "its memory limit"
+        if cgroups.memory is not None
+        else "no memory cgroup: its interpreter's address space, working directory and /dev/shm",
+    )
+
+
+async def probe(run_once: Callable[[float], Awaitable[EvalResult]], memory_limit: int) -> None:
+    """A first run (``run_once(seconds)`` runs :data:`PROBE`), to prove the whole sandbox
+    works on this machine.
+
+    It has a generous time limit of its own, and one more try when killed at it: a busy
+    host is said to be busy, never taken for a missing sandbox.
+
+    Raises:
+        SandboxUnavailable: the run failed, or was killed at its time limit twice
+            (:class:`HostTooBusy`); the message names the cause.
+    """
+    limit = PROBE_TIME_LIMIT
+    for attempt in (1, 2):
+        result = await run_once(limit)
+        if result.ended_by != "time_limit":
+            break
+        if attempt == 1:
+            log.warning(
+                "the start-up check run did not finish within %g s (a busy host?): "
+                "trying once more",
+                limit,
+            )
+    else:
+        raise HostTooBusy(
+            f"the start-up check run did not finish within {limit:g} s, twice: the host is "
+            "too busy (see its load average), which says nothing against the sandbox. "
+            "Start the evaluator again once the host is less loaded."
+        )
+    if result.returncode != 0 or result.stdout != "ok\n":
+        raise SandboxUnavailable(_probe_failure(result, memory_limit))
+
+
+def _probe_failure(result: EvalResult, memory_limit: int) -> str:
+    """Why the start-up check run failed, in words naming the cause: what to install only
+    when bwrap or the namespaces it needs are what failed."""
+    output = result.stdout.strip()[:2000]
+    if result.ended_by == "memory_limit":
+        return (
+            "the start-up check run was killed at the memory limit "
+            f"({memory_limit} MiB): the interpreter cannot start within it; "
+            "raise the limit"
+        )
+    failed = f"a first run in the sandbox failed (returncode {result.returncode}): {output}"
+    # bwrap's own errors, and the launcher's (its namespaces, its mounts), come before
+    # the interpreter: the sandbox could not be made.
+    if "bwrap:" in output or _LAUNCH_FAILED in output:
+        return failed + "\n" + WHAT_TO_DO
+    return failed
+
+
+def check_bytecode(config: EvaluatorConfig) -> None:
+    """Compile the environment the runs import from, if it lacks bytecode (see bytecode.py)."""
+    executable = config.executable
+    names = {*bytecode.DEFAULT_MODULES, *(m.split(".")[0] for m in config.preimport)}
+    try:
+        found = bytecode.uncompiled(executable, sorted(names))
+    except (RuntimeError, ValueError) as exc:
+        log.warning("could not check the bytecode of the runs' packages: %s", exc)
+        return
+    if not found:
+        return
+    stale = sum(item.stale for item in found)
+    names_found = ", ".join(item.module for item in found)
+    log.warning(
+        "%d source files of %s have no fresh bytecode, which every run would compile "
+        "again (e.g. %s); compiling them now",
+        stale, names_found, found[0].example,
+    )  # fmt: skip
+    if bytecode.compile_in_place(executable, [p for item in found for p in item.paths]):
+        log.info("compiled the bytecode of %s", names_found)
+    else:
+        log.warning(
+            "the bytecode of %s cannot be written here: make the environment with "
+            "`uv sync` (this project compiles it) or run `%s -m compileall` on it as its owner",
+            names_found, executable,
+        )  # fmt: skip
+
+
+async def build_fontlist(
+    pool: SandboxPool,
+    commands: CommandLines,
+    root: WorkdirRoot,
+    output_limit: int,
+    *,
+    then: Callable[[], None],
+) -> None:
+    """Build matplotlib's font list once in a sandbox, keep it read-only in ``root`` and have
+    the runs' sandboxes bind it (:attr:`.CommandLines.fontlist`); ``then`` is called once the
+    sandbox is disposed of, whether a list was built or not."""
+    sandbox = pool.prepare()
+    try:
+        await pool.ready(sandbox)
+        sandbox.process.release(
+            commands.argv([commands.default, "-c", _FONTLIST], sandbox.workdir), 60
+        )
+        outcome = await sandbox.process.wait(output_limit)
+        cache = sandbox.workdir.access / MPLCONFIGDIR
+        built = sorted(cache.glob("fontlist-v*.json")) if outcome.returncode == 0 else []
+        if not built:
+            log.info("no prebuilt matplotlib font list (is matplotlib installed?)")
+            return
+        kept = root.path / built[-1].name
+        shutil.copyfile(built[-1], kept)
+        kept.chmod(0o444)
+        commands.fontlist = (str(kept), f"{commands.home}/{MPLCONFIGDIR}/{built[-1].name}")
+    finally:
+        await pool.dispose(sandbox)
+        then()
