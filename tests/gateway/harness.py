@@ -227,7 +227,7 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-#: Where the built-in evaluator binds its warm agent inside a sandbox (evaluator/service.py).
+#: Where the built-in evaluator binds its warm agent inside a sandbox (evaluator/commands.py).
 WARM_AGENT = "/run/evaluator/agent.py"
 
 
