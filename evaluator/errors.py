@@ -6,21 +6,31 @@
     │   ├── InvalidFile          a file's path or content is illegal
     │   └── InvalidExecutable    ``executable_path`` does not exist, is not a file or not executable
     ├── SessionNotFound      a run resumes a live session this service does not hold (an HTTP 404)
-    └── QueueFull            too many runs are already waiting for a slot (an HTTP 503 at the edge)
+    ├── QueueFull            too many runs are already waiting for a slot (an HTTP 503 at the edge)
+    └── RunAborted           a run stopped short: its message is the answer's output (an HTTP 200)
+        ├── WriteError           an input file could not be written (nothing ran)
+        ├── CollectError         the output files could not be collected (after the run)
+        └── PackageRefused       a requirement cannot be installed (nothing ran)
 
 A user's code failing is not an error: it is an ``EvalResult`` with a non-zero ``returncode``.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 __all__ = [
+    "CollectError",
     "EvaluatorError",
     "InvalidExecutable",
     "InvalidFile",
+    "PackageRefused",
     "QueueFull",
     "RequestInvalid",
+    "RunAborted",
     "SandboxUnavailable",
     "SessionNotFound",
+    "WriteError",
 ]
 
 
@@ -73,3 +83,53 @@ class QueueFull(EvaluatorError):
         super().__init__(f"{running} evaluations are running and {waiting} are waiting")
         self.running = running
         self.waiting = waiting
+
+
+class RunAborted(EvaluatorError):
+    """A run stopped short of its result; the message (or ``answer``) is the answer's output."""
+
+
+class WriteError(RunAborted):
+    """An input file could not be written; the message is the run's output (Snekbox's)."""
+
+
+class CollectError(RunAborted):
+    """Output files could not be collected; the message is the run's output (Snekbox's)."""
+
+
+#: Why a package requirement (or set) is refused.
+Why = Literal[
+    "not allowed",
+    "invalid",
+    "not found",
+    "no wheel",
+    "conflict",
+    "too large",
+    "timed out",
+    "busy",
+    "failed",
+]
+
+
+class PackageRefused(RunAborted):
+    """A requirement that cannot be installed; ``requirement`` is it (or ``None``: the set)."""
+
+    def __init__(self, requirement: str | None, why: Why, detail: str) -> None:
+        named = f"{requirement!r}: " if requirement is not None else ""
+        super().__init__(f"{named}{why}: {detail}")
+        self.requirement = requirement
+        self.why = why
+        self.detail = detail
+
+    @property
+    def answer(self) -> str:
+        """The refusal as an answer's ``stdout`` says it."""
+        if self.requirement is None:
+            return (
+                f"The packages could not be installed ({self.why}): {self.detail}. "
+                "The code did not run."
+            )
+        return (
+            f"The package requirement {self.requirement!r} was refused ({self.why}): "
+            f"{self.detail}. The code did not run."
+        )

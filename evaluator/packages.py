@@ -25,17 +25,26 @@ import hashlib
 import os
 import re
 import secrets
-import shutil
-import stat
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+
+from .errors import PackageRefused
+from .layers import (
+    IN_SANDBOX,
+    MARKER,
+    Layer,
+    link_layer,
+    make_read_only,
+    not_plain,
+    remove_tree,
+    tree_size,
+)
+from .package_policy import Policy, check_requirement, refusal_from_uv
 
 __all__ = [
     "IN_SANDBOX",
@@ -50,103 +59,14 @@ __all__ = [
     "remove_tree",
 ]
 
-#: Where a sandbox finds its layers: each directory below goes on ``sys.path`` (see _agent.py).
-IN_SANDBOX = "/opt/packages"
-
 #: Seconds a requirement list keeps its resolution: ``>=`` may resolve otherwise later.
 MEMO_SECONDS = 600.0
-#: Characters of uv's own message kept in a refusal.
-_MESSAGE_CHARS = 600
 _PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9!+._-]+)")
-#: In a layer: its pins, one a line (written last, before the layer is put in place).
-MARKER = ".complete"
 # Beside a layer (not in it, where the runs would see when others use it): its last use.
 _USED = ".used"
 #: Seconds a set that failed to resolve or install is refused again without asking uv.
 REFUSAL_SECONDS = 60.0
 _MAX_MEMO = 1024
-_MAX_REQUIREMENT = 200
-
-Why = Literal[
-    "not allowed",
-    "invalid",
-    "not found",
-    "no wheel",
-    "conflict",
-    "too large",
-    "timed out",
-    "busy",
-    "failed",
-]
-
-
-class PackageRefused(Exception):
-    """A requirement that cannot be installed; ``requirement`` is it (or ``None``: the set)."""
-
-    def __init__(self, requirement: str | None, why: Why, detail: str) -> None:
-        named = f"{requirement!r}: " if requirement is not None else ""
-        super().__init__(f"{named}{why}: {detail}")
-        self.requirement = requirement
-        self.why = why
-        self.detail = detail
-
-    @property
-    def answer(self) -> str:
-        """The refusal as an answer's ``stdout`` says it."""
-        if self.requirement is None:
-            return (
-                f"The packages could not be installed ({self.why}): {self.detail}. "
-                "The code did not run."
-            )
-        return (
-            f"The package requirement {self.requirement!r} was refused ({self.why}): "
-            f"{self.detail}. The code did not run."
-        )
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Which projects may be asked for: none (``off``), any, or those named."""
-
-    allowed: frozenset[str] | None  # None: any
-    enabled: bool = True
-
-    @classmethod
-    def parse(cls, text: str) -> Policy:
-        """``off``, ``any``, or a comma-separated allow-list of project names."""
-        value = text.strip()
-        if value.lower() == "off":
-            return cls(frozenset(), enabled=False)
-        if value.lower() == "any":
-            return cls(None)
-        names = [name.strip() for name in value.split(",") if name.strip()]
-        if not names:
-            raise ValueError("an empty package allow-list: say 'off' to allow none")
-        return cls(frozenset(canonicalize_name(name) for name in names))
-
-    def allows(self, name: str) -> bool:
-        return self.enabled and (self.allowed is None or canonicalize_name(name) in self.allowed)
-
-    @property
-    def kind(self) -> Literal["off", "any", "allow-list"]:
-        """How ``GET /info`` names it."""
-        if not self.enabled:
-            return "off"
-        return "any" if self.allowed is None else "allow-list"
-
-
-@dataclass(frozen=True)
-class Layer:
-    """A resolved set, installed: ``path`` goes on ``sys.path`` (read-only in the sandbox)."""
-
-    key: str
-    path: Path
-    #: Empty: the set resolved to nothing (its markers exclude every requirement here), and
-    #: the layer is nothing to bind (``key`` is empty too).
-    pins: tuple[str, ...]
-    #: Seconds it took to resolve and install (or only to find, when ``cached``).
-    seconds: float
-    cached: bool
 
 
 class PackageCache:
@@ -216,7 +136,7 @@ class PackageCache:
         """
         started = time.monotonic()
         # As asked (a session's, then its call's): a refusal names the later of two alike.
-        wanted = tuple(self._checked(r, trusted) for r in requirements)
+        wanted = tuple(check_requirement(r, self.policy, trusted=trusted) for r in requirements)
         memo_key = (python, *sorted(wanted), "-c", *sorted(constraints))
         refused = self._refusals.get(memo_key)
         if refused is not None and refused[1] > time.monotonic():
@@ -276,32 +196,6 @@ class PackageCache:
                 del self._memo[next(iter(self._memo))]
         self._memo[memo_key] = (pins, now + MEMO_SECONDS)
         return pins
-
-    def _checked(self, text: str, trusted: bool = False) -> str:
-        """``text`` as a PEP 508 requirement the policy allows, normalized.
-
-        Raises:
-            PackageRefused: it is not one, names a URL, or is not allowed.
-        """
-        if not text.isprintable() or len(text) > _MAX_REQUIREMENT:
-            raise PackageRefused(
-                text[:80], "invalid", "not a PEP 508 requirement (too long, or unprintable)"
-            )
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement as exc:
-            raise PackageRefused(text, "invalid", f"not a PEP 508 requirement ({exc})") from None
-        if requirement.url is not None:
-            raise PackageRefused(text, "invalid", "direct URLs are not installed; name a version")
-        if not trusted and not self.policy.allows(requirement.name):
-            allowed = (
-                "package installs are turned off here"
-                if not self.policy.enabled
-                else f"the operator allows only: {', '.join(sorted(self.policy.allowed or ()))}"
-            )
-            raise PackageRefused(text, "not allowed", allowed)
-        requirement.name = canonicalize_name(requirement.name)
-        return str(requirement)
 
     async def _resolve(
         self, wanted: tuple[str, ...], python: str, constraints: Sequence[str]
@@ -364,14 +258,14 @@ class PackageCache:
 
     def _seal(self, staging: Path, key: str, pins: tuple[str, ...]) -> None:
         """Check an installed set, make it read-only and put it in place (one rename)."""
-        odd = _not_plain(staging)
+        odd = not_plain(staging)
         if odd is not None:
             # A link would be followed when a session's copy is hard-linked (to a host file
             # on the cache's file system): a layer holds only plain files.
             raise PackageRefused(
                 None, "failed", f"the set installs {odd}, which is not a plain file"
             )
-        size = _size(staging)
+        size = tree_size(staging)
         if size > self.max_layer_bytes:
             raise PackageRefused(
                 None,
@@ -380,7 +274,7 @@ class PackageCache:
                 f"{self.max_layer_bytes:,} are allowed",
             )
         (staging / MARKER).write_text("\n".join(pins) + "\n")
-        _read_only(staging)
+        make_read_only(staging)
         staging.rename(self.root / key)
 
     async def _flock(self, lock: IO[str], pins: Sequence[str]) -> None:
@@ -435,7 +329,7 @@ class PackageCache:
                 process.kill()
                 await asyncio.shield(process.wait())
         if process.returncode != 0:
-            raise _refusal(err.decode("utf-8", "replace"), wanted)
+            raise refusal_from_uv(err.decode("utf-8", "replace"), wanted)
         return out.decode("utf-8", "replace")
 
     def _evict(self, *, keep: str) -> None:
@@ -448,7 +342,7 @@ class PackageCache:
             used = self.root / f"{path.name}{_USED}"
             with contextlib.suppress(OSError):
                 layers.append((used.stat().st_mtime if used.exists() else 0.0, path))
-        total = sum(_size(path) for _, path in layers) + _size(self.root / keep)
+        total = sum(tree_size(path) for _, path in layers) + tree_size(self.root / keep)
         for _, path in sorted(layers):
             if total <= self.max_total_bytes:
                 break
@@ -457,7 +351,7 @@ class PackageCache:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue
-                size = _size(path)
+                size = tree_size(path)
                 remove_tree(path)
                 total -= size
 
@@ -466,101 +360,3 @@ def default_root() -> Path:
     """``$XDG_CACHE_HOME/mcp-python-evaluator/packages`` (``~/.cache`` when unset)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "mcp-python-evaluator" / "packages"
-
-
-def link_layer(layer: Layer, directory: Path, order: int) -> bool:
-    """Put ``layer`` into ``directory`` (a sandbox's, bound read-only at :data:`IN_SANDBOX`)
-    as ``NNN-key``, its files hard-linked: no copy, and visible at once to the sandbox's
-    interpreter, which puts it on ``sys.path`` before the next cell. ``False``: it was there.
-
-    Raises:
-        OSError: it cannot be linked (``directory`` is on another file system than the cache).
-    """
-    if not layer.pins or any(e.name.endswith(f"-{layer.key}") for e in directory.iterdir()):
-        return False
-    # symlinks=True: should one be there, it is copied as a link (resolved in the sandbox),
-    # never followed to a host file (layers hold none: see _not_plain). Under a hidden name
-    # first, renamed once whole: a copy that failed half-way is never taken for the layer.
-    partial = directory / f".linking-{layer.key}"
-    try:
-        shutil.copytree(layer.path, partial, symlinks=True, copy_function=_link)
-        partial.rename(directory / f"{order:03d}-{layer.key}")
-    finally:
-        if partial.exists():
-            remove_tree(partial)
-    return True
-
-
-def _link(source: str, target: str) -> None:
-    os.link(source, target, follow_symlinks=False)
-
-
-def _refusal(message: str, wanted: Sequence[str]) -> PackageRefused:
-    """What uv's error says, as a refusal naming the requirement it names, if any."""
-    text = " ".join(message.split())[:_MESSAGE_CHARS].rstrip(".")
-    lowered = text.lower()
-    # The requirement uv names: as written (``tinypkg==9.9``), else by its project's name,
-    # whole words only (``six`` is not named by ``sixel``); of those named, not one that is
-    # part of another (``tinypkg`` of ``tinypkg==9.9``), and the later: a call's own come
-    # after its session's.
-    written = [r for r in wanted if _names(lowered, r.lower())]
-    whole = [r for r in written if not any(r != o and r.lower() in o.lower() for o in written)]
-    named = (whole[-1] if whole else None) or next(
-        (r for r in wanted if _names(lowered, canonicalize_name(Requirement(r).name))), None
-    )
-    if any(s in lowered for s in ("no wheels", "wheels are required", "from source is disabled")):
-        why: Why = "no wheel"
-    elif any(s in lowered for s in ("not found", "no version", "is available", "are available")):
-        why = "not found"
-    elif "no solution" in lowered and len(written) > 1:  # two of them at odds
-        why = "conflict"
-    elif "no solution" in lowered:  # no version of it is what it asks for
-        why = "not found"
-    else:
-        why = "failed"
-    return PackageRefused(named, why, text or "uv failed without a message")
-
-
-def _names(text: str, word: str) -> bool:
-    return (
-        re.search(rf"(?<![a-z0-9._-]){re.escape(word)}(?![a-z0-9_-]|\.[a-z0-9])", text) is not None
-    )
-
-
-def _not_plain(path: Path) -> str | None:
-    """The first entry below ``path`` that is neither a directory nor a regular file."""
-    for root, dirs, files in os.walk(path):
-        for name in [*dirs, *files]:
-            mode = os.lstat(os.path.join(root, name)).st_mode
-            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                return os.path.relpath(os.path.join(root, name), path)
-    return None
-
-
-def _size(path: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
-def _read_only(path: Path) -> None:
-    """A layer's files cannot be changed, even by the service, once installed."""
-    for root, dirs, files in os.walk(path):
-        for name in files:
-            os.chmod(os.path.join(root, name), 0o444)
-        for name in dirs:
-            os.chmod(os.path.join(root, name), 0o555)
-    os.chmod(path, 0o555)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a layer (read-only, see :func:`_read_only`) or a staging directory."""
-    for root, dirs, _ in os.walk(path):
-        os.chmod(root, 0o755)
-        for name in dirs:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, name), 0o755)
-    shutil.rmtree(path, ignore_errors=True)

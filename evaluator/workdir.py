@@ -19,7 +19,6 @@ permissions it needs, through descriptors that never follow a symlink.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import logging
@@ -27,12 +26,14 @@ import os
 import re
 import stat
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from snekbox_client import ContentWanted, File
 
+from . import output_files
+from .errors import CollectError, WriteError
+from .fileops import open_dir, open_pinned, remove_tree, write_beneath
 from .procfs import alive
 
 __all__ = ["TMP_DIR", "CollectError", "Workdir", "WorkdirRoot", "WriteError"]
@@ -43,25 +44,13 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _MNT_DETACH = 2
 
-# Directories nested deeper than this are not searched for output files (Snekbox stops at
-# Python's recursion limit with the same message).
-MAX_DEPTH = 100
 # The service's private directories: evaluator-<pid>-<random>.
 _ROOT_NAME = re.compile(r"evaluator-(\d+)-\w+")
 #: The run's TMPDIR, relative to the working directory; hidden, so never returned.
 TMP_DIR = ".tmp"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Files ``/dev/shm`` can hold: multiprocessing's semaphores and shared memory blocks take one
 #: each; without a bound, an inode bomb there would eat the run's memory.
 SHM_INODES = 1024
-
-
-class WriteError(Exception):
-    """An input file could not be written; the message is the run's output (Snekbox's)."""
-
-
-class CollectError(Exception):
-    """Output files could not be collected; the message is the run's output (Snekbox's)."""
 
 
 class WorkdirRoot:
@@ -107,7 +96,7 @@ class WorkdirRoot:
         return cls(path, can_mount)
 
     def remove(self) -> None:
-        _remove_tree(self.path)
+        remove_tree(self.path)
 
 
 class Workdir:
@@ -210,7 +199,7 @@ class Workdir:
         if not files:
             return written
         try:
-            root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
+            root_fd = self._open()
         except OSError as exc:
             raise _write_error(exc, files[0]) from exc
         try:
@@ -220,45 +209,14 @@ class Workdir:
                     if self.access not in target.parents:
                         raise IsADirectoryError(errno.EISDIR, "not a file path", str(target))
                     relative = target.relative_to(self.access)
-                    written[str(relative)] = self._write_beneath(root_fd, relative.parts, file)
+                    written[str(relative)] = write_beneath(
+                        root_fd, relative.parts, file.content, self.owner
+                    )
                 except OSError as exc:
                     raise _write_error(exc, file) from exc
         finally:
             os.close(root_fd)
         return written
-
-    def _write_beneath(self, root_fd: int, parts: tuple[str, ...], file: File) -> int:
-        """Write one file below ``root_fd``, making its directories; return its mtime (ns)."""
-        *dirs, name = parts
-        fds: list[int] = []
-        try:
-            dir_fd = root_fd
-            for part in dirs:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=dir_fd)
-                dir_fd = _open_dir(part, dir_fd)
-                fds.append(dir_fd)
-                if self.owner is not None:
-                    os.fchown(dir_fd, *self.owner)
-            flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
-            try:
-                fd = os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
-            except PermissionError:
-                fd = _reopen_repaired(name, dir_fd, stat.S_ISREG, 0o200, flags)
-            fds.append(fd)
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise FileExistsError(errno.EEXIST, "not a regular file", name)
-            os.ftruncate(fd, 0)
-            view = memoryview(file.content)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, 0o777)
-            if self.owner is not None:
-                os.fchown(fd, *self.owner)
-            return os.fstat(fd).st_mtime_ns
-        finally:
-            for fd in reversed(fds):
-                os.close(fd)
 
     def collect(
         self,
@@ -287,45 +245,17 @@ class Workdir:
             CollectError: ``strict``, and parsing took longer than ``timeout``, went too deep,
                 or met a file name that is not UTF-8.
         """
-        deadline = time.monotonic() + timeout
-        root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
+        root_fd = self._open()
         try:
-            found = _scan_all(root_fd, deadline, strict)
-            found.sort(key=lambda item: item[0])
-            files: list[File] = []
-            total = 0
-            room = content_wanted.max_bytes if content_wanted else 0  # content_wanted
-            for rel, info in found:
-                if time.monotonic() > deadline:
-                    if not strict:
-                        break
-                    raise CollectError(
-                        "TimeoutError: Exceeded time limit while parsing attachments"
-                    )
-                if written.get(rel) == info.st_mtime_ns:
-                    continue
-                if len(files) >= max_files:
-                    break
-                total += info.st_size
-                if total > self.size:
-                    break
-                # content_wanted: whole, its first head_bytes, or nothing but the size.
-                if content_wanted is None:
-                    content = _read_beneath(root_fd, rel, info)
-                elif not content_wanted.matches(rel):
-                    files.append(File(rel, b"", info.st_size))
-                    continue
-                elif info.st_size <= room:
-                    content = _read_beneath(root_fd, rel, info)
-                    room -= len(content or b"")
-                else:
-                    content = _read_beneath(root_fd, rel, info, content_wanted.head_bytes)
-                    if content is not None:
-                        files.append(File(rel, content, info.st_size))
-                    continue
-                if content is not None:
-                    files.append(File(rel, content))
-            return tuple(files)
+            return output_files.collect(
+                root_fd,
+                written,
+                size=self.size,
+                max_files=max_files,
+                timeout=timeout,
+                content_wanted=content_wanted,
+                strict=strict,
+            )
         finally:
             os.close(root_fd)
 
@@ -333,12 +263,15 @@ class Workdir:
         """The mtimes (ns) of the files :meth:`collect` would return now: a session's cell
         returns only what it changes. As :meth:`collect` with ``strict`` ``False``: what the
         cell before left never keeps the next from running."""
-        root_fd = _open_dir(self.path) if self._fd is None else _open_attached(self._fd)
+        root_fd = self._open()
         try:
-            found = _scan_all(root_fd, time.monotonic() + timeout, strict=False)
-            return {rel: info.st_mtime_ns for rel, info in found}
+            return output_files.snapshot(root_fd, timeout=timeout)
         finally:
             os.close(root_fd)
+
+    def _open(self) -> int:
+        """A descriptor of the directory, as this process reaches it."""
+        return open_dir(self.path) if self._fd is None else open_pinned(self._fd)
 
     def remove(self) -> None:
         """Unmount and delete the directory."""
@@ -351,12 +284,12 @@ class Workdir:
         if self.mounted:
             _unmount(self.path)
             self.mounted = False
-        _remove_tree(self.path)
+        remove_tree(self.path)
         if self.shm is not None:
             if self._shm_mounted:  # else the launcher's, gone with its namespaces
                 _unmount(self.shm)
                 self._shm_mounted = False
-            _remove_tree(self.shm)
+            remove_tree(self.shm)
             self.shm = None
 
 
@@ -383,110 +316,12 @@ def sweep(parent: Path) -> None:
             log.info("removing %s, left by evaluator process %s", entry, match[1])
             for mount_point in _mounts_under(entry):
                 _unmount(mount_point)
-            _remove_tree(entry)
+            remove_tree(entry)
         except OSError as exc:
             # Whatever is left there must not keep the service from starting.
             log.warning(
                 "could not remove %s, left by evaluator process %s: %s", entry, match[1], exc
             )
-
-
-class _Lenient(Exception):
-    """Out of time in a lenient scan: the rest is left out."""
-
-
-def _scan_all(root_fd: int, deadline: float, strict: bool) -> list[tuple[str, os.stat_result]]:
-    """The regular files below ``root_fd`` that Snekbox would return, with their stats."""
-    found: list[tuple[str, os.stat_result]] = []
-    with contextlib.suppress(_Lenient):  # out of time: what was found by then
-        _scan(root_fd, "", 0, found, deadline, strict)
-    return found
-
-
-def _scan(
-    dir_fd: int,
-    prefix: str,
-    depth: int,
-    found: list[tuple[str, os.stat_result]],
-    deadline: float,
-    strict: bool,
-) -> None:
-    if depth > MAX_DEPTH:
-        if not strict:
-            return
-        raise CollectError(
-            "FileParsingError: Exceeded directory depth limit while parsing attachments"
-        )
-    for name in os.listdir(dir_fd):
-        if time.monotonic() > deadline:
-            if not strict:
-                raise _Lenient
-            raise CollectError("TimeoutError: Exceeded time limit while parsing attachments")
-        if name.startswith("."):
-            continue
-        try:
-            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:  # removed since listed: by a session's running process
-            continue
-        rel = prefix + name
-        if stat.S_ISDIR(info.st_mode):
-            try:
-                sub_fd = _open_dir(name, dir_fd)
-            except OSError:
-                continue
-            try:
-                _scan(sub_fd, rel + "/", depth + 1, found, deadline, strict)
-            finally:
-                os.close(sub_fd)
-        elif stat.S_ISREG(info.st_mode) and not name.startswith("_"):
-            try:
-                rel.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                if not strict:
-                    continue
-                raise CollectError(
-                    "FileParsingError: invalid bytes in filename while parsing attachments"
-                ) from exc
-            found.append((rel, info))
-
-
-def _read_beneath(
-    root_fd: int, rel: str, expected: os.stat_result, limit: int | None = None
-) -> bytes | None:
-    """Read a regular file below ``root_fd`` without following any symlink; None if it changed.
-
-    ``limit``: read only the first bytes (content_wanted's head).
-    """
-    *dirs, name = rel.split("/")
-    fds: list[int] = []
-    try:
-        dir_fd = root_fd
-        for part in dirs:
-            dir_fd = _open_dir(part, dir_fd)
-            fds.append(dir_fd)
-        try:
-            fd = os.open(
-                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-            )
-        except PermissionError:
-            fd = _reopen_repaired(
-                name, dir_fd, stat.S_ISREG, 0o400, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-            )
-        fds.append(fd)
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_ino != expected.st_ino:
-            return None
-        chunks: list[bytes] = []
-        remaining = expected.st_size if limit is None else min(expected.st_size, limit)
-        while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 20))):
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        for fd in reversed(fds):
-            os.close(fd)
 
 
 def _mount_tmpfs(path: Path, size: int, inodes: int, owner: tuple[int, int] | None = None) -> None:
@@ -516,112 +351,3 @@ def _mounts_under(directory: Path) -> list[Path]:
         if mount_point.startswith(prefix):
             found.append(Path(mount_point))
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
-
-
-def _open_attached(path_fd: int) -> int:
-    """Open the directory ``path_fd`` pins (``O_PATH``), its owner's ``rwx`` given back first."""
-    pinned = f"/proc/self/fd/{path_fd}"
-    info = os.stat(pinned)
-    if info.st_mode & 0o700 != 0o700 and info.st_uid == os.geteuid():
-        os.chmod(pinned, stat.S_IMODE(info.st_mode) | 0o700)
-    return os.open(".", _DIR_FLAGS, dir_fd=path_fd)
-
-
-def _open_dir(name: str | Path, dir_fd: int | None = None) -> int:
-    """Open a directory, never through a symlink, with its owner's ``rwx`` given back if it is ours.
-
-    The code may have taken them away from its own directories (which this process owns when it
-    is not root); without them, nothing below could be listed, read or removed.
-    """
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except PermissionError:
-        return _reopen_repaired(
-            name, dir_fd, stat.S_ISDIR, 0o700, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-        )
-    try:
-        info = os.fstat(fd)
-        if info.st_mode & 0o700 != 0o700 and info.st_uid == os.geteuid():
-            os.fchmod(fd, stat.S_IMODE(info.st_mode) | 0o700)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _reopen_repaired(
-    name: str | Path,
-    dir_fd: int | None,
-    is_kind: Callable[[int], bool],
-    bits: int,
-    flags: int,
-) -> int:
-    """Open an entry of ours that we may not open (``EACCES``): add ``bits`` to its mode first.
-
-    ``O_PATH | O_NOFOLLOW`` pins the entry itself, needing no permission on it (a symlink stays
-    a symlink, and is refused like any entry not of ``is_kind``); the chmod and the reopening
-    through ``/proc/self/fd`` act on that very inode, so no path is resolved twice.
-    """
-    path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        info = os.fstat(path_fd)
-        if not is_kind(info.st_mode) or info.st_uid != os.geteuid():
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(name))
-        pinned = f"/proc/self/fd/{path_fd}"
-        os.chmod(pinned, stat.S_IMODE(info.st_mode) | bits)
-        return os.open(pinned, flags)
-    finally:
-        os.close(path_fd)
-
-
-def _remove_tree(path: Path) -> None:
-    """Delete ``path`` and everything below it, whatever the code did to it.
-
-    Iterative and descriptor-based: any depth works with two descriptors open, no symlink is
-    followed, no other file system (a mount point left behind) is entered, and the modes the code
-    took away are given back on the way down (see :func:`_open_dir`).
-    """
-    try:
-        fd = _open_dir(path)
-    except FileNotFoundError:
-        return
-    try:
-        here = os.fstat(fd)
-        device = here.st_dev
-        # The way down: each directory's identity, and its subdirectories still to remove.
-        way_down: list[tuple[tuple[int, int], list[str]]] = []
-        subdirs = _clear(fd)
-        while True:
-            if subdirs:
-                child = _open_dir(subdirs[-1], fd)
-                way_down.append(((here.st_dev, here.st_ino), subdirs))
-                fd, parent = child, fd
-                os.close(parent)
-                here = os.fstat(fd)
-                if here.st_dev != device:
-                    raise OSError(errno.EXDEV, "a mount point is left below", str(path))
-                subdirs = _clear(fd)
-            elif way_down:
-                identity, subdirs = way_down.pop()
-                fd, child = os.open("..", _DIR_FLAGS, dir_fd=fd), fd
-                os.close(child)
-                here = os.fstat(fd)
-                if (here.st_dev, here.st_ino) != identity:
-                    raise OSError(errno.ESTALE, "the tree moved while it was removed", str(path))
-                os.rmdir(subdirs.pop(), dir_fd=fd)
-            else:
-                break
-    finally:
-        os.close(fd)
-    os.rmdir(path)
-
-
-def _clear(dir_fd: int) -> list[str]:
-    """Unlink every entry of a directory but its subdirectories, which are returned."""
-    subdirs = []
-    for name in os.listdir(dir_fd):
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-        except IsADirectoryError:
-            subdirs.append(name)
-    return subdirs
