@@ -22,7 +22,7 @@ this order:
    EOF without the release marker means the run was cancelled, or the service died: it exits
    at once. After the exec, bwrap's ``--die-with-parent`` ties the run to the service.
 
-Its one argument is a ``marshal``-ed dict, in hex (see ``evaluator.jail.LaunchSpec``): marshal
+Its one argument is a ``marshal``-ed dict, in hex (see ``evaluator.launch.LaunchSpec``): marshal
 is built in, where json would import ``re`` and double the launcher's start-up cost (a launcher
 starts for every sandbox). Failures are written to stderr (the run's output pipe) and end it
 with 255, which the service reports as a sandbox failure.
