@@ -28,6 +28,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from _thread import LockType
     from types import ModuleType
 
 WARM = b"\x07"
@@ -44,7 +45,7 @@ INTERRUPTED = 130
 SESSION = b"\xffsession\xff"
 #: Seconds between the SIGINTs of an interrupt, until the cell ends.
 _INTERRUPT_EVERY = 0.25
-#: A session's package layers (evaluator/packages.py): each directory below, named ``NNN-key``
+#: A session's package layers (evaluator/layers.py): each directory below, named ``NNN-key``
 #: in the order they were added, goes on ``sys.path`` before the cell that asked for it.
 PACKAGES = "/opt/packages"
 
@@ -108,27 +109,12 @@ def run(args: "list[str]") -> "tuple[int, ModuleType]":
     main = type(sys)("__main__")
     # What python gives its __main__: the loader of -c code is the built-in importer.
     main.__dict__.update(__builtins__=builtins, __annotations__={}, __loader__=BuiltinImporter)
-    add_packages()  # the run's own layers, if it has any (none of them imported before)
-    loaded = _load(args)
-    if loaded is None:
-        return 2, main
-    source, filename = loaded
     if args[0] != "-c":
+        filename = os.path.abspath(args[0])  # as _load names it
         main.__dict__.update(
             __file__=filename, __cached__=None, __loader__=SourceFileLoader("__main__", filename)
         )
-    sys.modules["__main__"] = main
-    try:
-        exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)
-    except SystemExit as exc:
-        return exit_status(exc.code), main
-    except BaseException as exc:
-        # Without this function's frame, as python prints an uncaught exception of a script.
-        tb = exc.__traceback__
-        exc.__traceback__ = tb.tb_next if tb is not None else None
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-        return (-2 if isinstance(exc, KeyboardInterrupt) else 1), main
-    return 0, main
+    return _run_cell(args, main, -2), main  # with its own layers, if any (none imported yet)
 
 
 def exit_status(code: object) -> int:
@@ -199,10 +185,8 @@ def serve_cells() -> None:
     arrived = _thread.allocate_lock()
     arrived.acquire()
     guard = _thread.allocate_lock()
-    running = [False]
-    interrupted = [False]
-    main_thread = _thread.get_ident()
-    agent = os.getpid()
+    running, interrupted = [False], [False]
+    main_thread, agent = _thread.get_ident(), os.getpid()
 
     def read_frames() -> None:
         while True:
@@ -245,23 +229,45 @@ def serve_cells() -> None:
             pass
         if os.getpid() != agent:  # a child the cell forked, at the cell's end: it ends there
             os._exit(status & 0xFF)
-        while True:  # an interrupt that comes late must not end the interpreter
-            try:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                with guard:
-                    running[0] = False
-                break
-            except KeyboardInterrupt:
-                continue
-        if interrupted[0]:  # at the time limit: what the cell started goes too (a fork bomb)
-            interrupted[0] = False
-            _stop_the_cells_processes()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:
-                pass
+        _end_cell(signal, guard, running, interrupted)
         os.write(STATUS_FD, status.to_bytes(4, "big", signed=True))
+
+
+def _end_cell(
+    signal: "ModuleType", guard: "LockType", running: "list[bool]", interrupted: "list[bool]"
+) -> None:
+    """After a cell: no more interrupts; if it was interrupted (at the time limit), what it
+    started goes too (a fork bomb): SIGKILL to every other process of the sandbox but its init
+    (kill(-1) spares those two), this one's children reaped; the standard streams flushed."""
+    import time
+
+    while True:  # an interrupt that comes late must not end the interpreter
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            with guard:
+                running[0] = False
+            break
+        except KeyboardInterrupt:
+            continue
+    if interrupted[0]:
+        interrupted[0] = False
+        try:
+            os.kill(-1, 9)  # SIGKILL
+        except OSError:
+            pass
+        deadline = time.monotonic() + 1.0  # SIGKILL lands at once; a zombie is reaped here
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.01)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
 
 
 def _quiet_fork_warning() -> None:
@@ -275,25 +281,6 @@ def _quiet_fork_warning() -> None:
         warnings.filterwarnings(
             "ignore", r"This process \(pid=\d+\) is multi-threaded", DeprecationWarning
         )
-
-
-def _stop_the_cells_processes() -> None:
-    """SIGKILL every other process of the sandbox but its init (kill(-1) spares those two),
-    then reap this one's children."""
-    import time
-
-    try:
-        os.kill(-1, 9)  # SIGKILL: ``signal`` would import enum
-    except OSError:
-        pass
-    deadline = time.monotonic() + 1.0  # SIGKILL lands at once; a zombie is reaped here
-    while time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            time.sleep(0.01)
 
 
 def _read_exact(size: int) -> "bytes | None":
@@ -368,8 +355,9 @@ def add_packages() -> None:
         importlib.invalidate_caches()
 
 
-def _run_cell(args: "list[str]", main: "ModuleType") -> int:
-    """One cell: ``args`` run as :func:`run` runs them, in ``main``; its status."""
+def _run_cell(args: "list[str]", main: "ModuleType", interrupted: int = INTERRUPTED) -> int:
+    """One cell (or a run): ``args`` run in ``main``; its status (``interrupted`` for an
+    uncaught KeyboardInterrupt), an uncaught exception printed as python prints it."""
     import builtins
 
     add_packages()
@@ -385,10 +373,11 @@ def _run_cell(args: "list[str]", main: "ModuleType") -> int:
     except SystemExit as exc:
         return exit_status(exc.code)
     except BaseException as exc:
+        # Without this function's frame, as python prints an uncaught exception of a script.
         tb = exc.__traceback__
         exc.__traceback__ = tb.tb_next if tb is not None else None
         sys.excepthook(type(exc), exc, exc.__traceback__)
-        return INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
+        return interrupted if isinstance(exc, KeyboardInterrupt) else 1
     return 0
 
 
