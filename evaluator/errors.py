@@ -2,6 +2,7 @@
 
     EvaluatorError
     ├── SandboxUnavailable   the sandbox cannot be built on this machine (raised by ``start``)
+    │   └── HostTooBusy          the start-up check was killed at its time limit twice
     ├── RequestInvalid       the request cannot be run as given (an HTTP 400 at the edge)
     │   ├── InvalidFile          a file's path or content is illegal
     │   └── InvalidExecutable    ``executable_path`` does not exist, is not a file or not executable
@@ -22,6 +23,7 @@ from typing import Literal
 __all__ = [
     "CollectError",
     "EvaluatorError",
+    "HostTooBusy",
     "InvalidExecutable",
     "InvalidFile",
     "PackageRefused",
@@ -40,6 +42,10 @@ class EvaluatorError(Exception):
 
 class SandboxUnavailable(EvaluatorError):
     """The sandbox cannot be built here; the message says what is missing and what to do."""
+
+
+class HostTooBusy(SandboxUnavailable):
+    """The start-up check run was killed at its time limit twice: the host is too busy."""
 
 
 class RequestInvalid(EvaluatorError):

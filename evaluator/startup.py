@@ -21,7 +21,7 @@ from . import bytecode, limits, seccomp
 from .cgroups import Cgroups
 from .commands import CommandLines
 from .config import EvaluatorConfig, MiB
-from .errors import SandboxUnavailable
+from .errors import HostTooBusy, SandboxUnavailable
 from .host import (
     HOME,
     MPLCONFIGDIR,
@@ -68,10 +68,6 @@ _FONTLIST = "import matplotlib.font_manager"
 # The warm agent, bound read-only into its sandbox: the sandbox binds only the interpreter's
 # environment, where this package may not be (a checkout run with uv run).
 _AGENT = Path(__file__).with_name("_agent.py")
-
-
-class HostTooBusy(SandboxUnavailable):
-    """The start-up check run was killed at its time limit twice: the host is too busy."""
 
 
 def warn_if_unsandboxed(config: EvaluatorConfig) -> None:
