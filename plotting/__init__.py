@@ -94,7 +94,7 @@ def _prelude_parts() -> tuple[bytes, tuple[bytes, bytes, bytes], bytes, bytes]:
     """The first file, what the bundle's head holds of the prelude, the bundle's tail, and the
     digest that names this prelude (its files' and this interpreter's magic number's)."""
     package = importlib.resources.files(__name__)
-    boot = package.joinpath("_boot.py").read_bytes()
+    boot = _without_docstring(package.joinpath("_boot.py").read_bytes())
     sources = [
         package.joinpath(f"{name}.py").read_bytes() for name in ("_prelude", *_SUPPORT_PARTS)
     ]
@@ -109,6 +109,18 @@ def _prelude_parts() -> tuple[bytes, tuple[bytes, bytes, bytes], bytes, bytes]:
     magic = importlib.util.MAGIC_NUMBER
     digest = hashlib.sha256(b"\0".join([magic, boot, *sources])).digest()[:16]
     return boot, (magic, marshal.dumps(prelude_code, 4), zlib.compress(prelude, 9)), tail, digest
+
+
+def _without_docstring(source: bytes) -> bytes:
+    """``source`` with its module docstring's lines left empty: the first file travels with
+    every run and is compiled by each, and its docstring is for those who read it here."""
+    tree = ast.parse(source)
+    first = tree.body[0] if tree.body else None
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
+        return source
+    lines = source.splitlines(keepends=True)
+    end = first.end_lineno or first.lineno
+    return b"\n" * end + b"".join(lines[end:])
 
 
 def _compiled_and_source(source: bytes, filename: str) -> tuple[CodeType, bytes]:
