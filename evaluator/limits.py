@@ -101,28 +101,13 @@ def describe(
     """
     sandboxed = not config.unsandboxed
     size, inodes = config.workdir_size, config.workdir_inodes
-    memory = cgroups.memory
-    pids = cgroups.pids
-    if memory is None:
-        memory = (
-            f"no memory cgroup; address-space rlimit of "
-            f"{(config.memory_limit * MiB + ADDRESS_SPACE_HEADROOM) // MiB} MiB "
-            "(code gets MemoryError, not 137; tmpfs and /dev/shm are not counted)"
-        )
-    per_run = pids is not None or (nproc is not None and users.dropping)
-    if pids is None:
-        if nproc is None:
-            pids = "no pids cgroup, and RLIMIT_NPROC does not apply to root"
-        elif users.dropping:
-            pids = f"no pids cgroup; RLIMIT_NPROC {nproc} of the run's own uid"
-        else:
-            pids = (
-                f"not per run: no pids cgroup, and every run has uid {os.getuid()}, whose "
-                f"RLIMIT_NPROC {nproc} bounds all runs together (it counts every process and "
-                "thread of that uid, in any container)"
-            )
-    elif nproc is not None and users.dropping:
-        pids += f" and RLIMIT_NPROC {nproc} of the run's own uid"
+    memory = cgroups.memory or (
+        f"no memory cgroup; address-space rlimit of "
+        f"{(config.memory_limit * MiB + ADDRESS_SPACE_HEADROOM) // MiB} MiB "
+        "(code gets MemoryError, not 137; tmpfs and /dev/shm are not counted)"
+    )
+    per_run = cgroups.pids is not None or (nproc is not None and users.dropping)
+    pids = _processes(cgroups.pids, nproc, users)
     cpu = cgroups.cpu
     return (
         Limit("time", True, f"{config.time_limit:g} s, then the whole tree is killed (137)"),
@@ -172,6 +157,23 @@ def describe(
             else f"no seccomp filter: {seccomp_reason}",
         ),
     )  # fmt: skip
+
+
+def _processes(cgroup: str | None, nproc: int | None, users: RunUsers) -> str:
+    """How a run's processes are bounded: its pids cgroup, its uid's RLIMIT_NPROC, or neither."""
+    if cgroup is None:
+        if nproc is None:
+            return "no pids cgroup, and RLIMIT_NPROC does not apply to root"
+        if users.dropping:
+            return f"no pids cgroup; RLIMIT_NPROC {nproc} of the run's own uid"
+        return (
+            f"not per run: no pids cgroup, and every run has uid {os.getuid()}, whose "
+            f"RLIMIT_NPROC {nproc} bounds all runs together (it counts every process and "
+            "thread of that uid, in any container)"
+        )
+    if nproc is not None and users.dropping:
+        return cgroup + f" and RLIMIT_NPROC {nproc} of the run's own uid"
+    return cgroup
 
 
 def _tasks_of(uid: int) -> int:

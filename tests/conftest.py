@@ -23,6 +23,11 @@ FAST_MODULES = frozenset(
     {
         "tests.test_layering",
         "tests.test_public_api",
+        "tests.test_shape",
+        "tests.serving.test_table",
+        "tests.evaluator.test_errors",
+        "tests.evaluator.test_pump",
+        "tests.snekbox_client.test_exported_members",
         "tests.gateway.test_budget",
         "tests.gateway.test_choices",
         "tests.gateway.test_code_session_store",
