@@ -225,3 +225,20 @@ def test_dockerfile_base_image_argument_and_non_root_gateway() -> None:
     assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in dockerfile
     gateway_stage = dockerfile.split("AS gateway", 1)[1]
     assert "USER 10001:10001" in gateway_stage
+
+
+def test_the_image_holds_every_package_the_wheel_does() -> None:
+    """A package added to the project (serving/, say) must reach the image too: the build
+    context lets it through and the builder copies it before installing the project."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    included = re.search(
+        r"\[tool\.hatch\.build\.targets\.wheel\].*?\ninclude = \[(.*?)\]", pyproject, re.S
+    )
+    assert included is not None
+    packages = [p.strip().strip('"/') for p in included[1].split(",") if p.strip()]
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    allowed = (ROOT / ".dockerignore").read_text().splitlines()
+    for package in packages:
+        name = package if package.endswith(".py") else f"{package}/"
+        assert f"COPY {name} " in dockerfile, package
+        assert f"!{name}" in allowed, package
