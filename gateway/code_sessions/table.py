@@ -4,11 +4,12 @@ which a new session makes room (see the package's docstring)."""
 from __future__ import annotations
 
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from serving import BoundedTable, TableFull
 
 from ..handles import SessionHandles
 from .session import CodeSession, Ending, SessionGone, SessionsBusy
@@ -33,7 +34,7 @@ class CodeSessions:
         handles: SessionHandles | None = None,
         named_clients: bool = False,
     ) -> None:
-        self.max_sessions = max_sessions
+        self._table: BoundedTable[CodeSession] = BoundedTable(max_sessions, _running)
         #: Sessions one client may hold (``None``: three quarters of the cap, rounded up).
         self.per_client = per_client
         self.handles = handles or SessionHandles()
@@ -41,7 +42,6 @@ class CodeSessions:
         #: Called with each session that closes and why (``None``: its first call failed):
         #: its interpreter is to end too.
         self.on_close = on_close
-        self._open: OrderedDict[str, CodeSession] = OrderedDict()  # least recently used first
         self._ended: OrderedDict[str, Ending] = OrderedDict()
         self._open_gauge = Gauge(
             "mcp_code_sessions_open", "Code sessions open now", registry=registry
@@ -97,7 +97,7 @@ class CodeSessions:
             SessionsBusy: adopting it needs room that no idle session can make.
         """
         self.expire()
-        session = self._open.get(session_id)
+        session = self._table.get(session_id)
         if session is None and adopt and session_id not in self._ended:
             handle = self.handles.verify(session_id, owner)
             if handle is not None:
@@ -123,23 +123,31 @@ class CodeSessions:
         id becomes a handle naming ``replica`` (chosen when its first call was sent)."""
         session.replica = replica
         if self.is_open(session):  # else closed meanwhile (evicted): its call finds that out
-            del self._open[session.id]
+            self._table.pop(session.id)
             session.id = self.handles.issue(session.owner, replica, session.name).text
-            self._open[session.id] = session
+            self._table.add(session.id, session, session.client)
 
     def _add(self, session: CodeSession) -> CodeSession:
         """Open ``session``, once there is room for it (see :meth:`_make_room`)."""
         self.expire()
         self._make_room(session.client)
-        self._open[session.id] = session
+        self._table.add(session.id, session, session.client)
         self._count(session.client)
         return session
+
+    @property
+    def max_sessions(self) -> int:
+        """Sessions open at once at most."""
+        return self._table.limit
+
+    @max_sessions.setter
+    def max_sessions(self, limit: int) -> None:
+        self._table.limit = limit
 
     def _count(self, client: str | None) -> None:
         """Publish how many sessions ``client`` holds now."""
         if self.named_clients and client is not None:
-            held = sum(s.client == client for s in self._open.values())
-            self._by_client.labels(client).set(held)
+            self._by_client.labels(client).set(self._table.held(client))
 
     def _make_room(self, client: str | None) -> None:
         """Close idle sessions until ``client`` may open one more: first its own longest idle
@@ -151,39 +159,17 @@ class CodeSessions:
         Raises:
             SessionsBusy: the sessions that would have to close are all running a call.
         """
-        share = self.per_client if self.per_client is not None else -(-self.max_sessions * 3 // 4)
-        own = [s for s in self._open.values() if s.client == client]
-        while share < self.max_sessions and len(own) >= share:
-            idle = [s for s in own if not s.turns.busy]
-            if not idle:
-                raise SessionsBusy(len(own), own=True)
-            self._close(idle[0].id, "evicted")
-            own.remove(idle[0])
-        while len(self._open) >= self.max_sessions:
-            victim = self._fairest_victim()
-            if victim is None:
-                raise SessionsBusy(len(self._open))
-            self._close(victim.id, "evicted")
-
-    def _fairest_victim(self) -> CodeSession | None:
-        """The longest idle session of the client holding the most sessions (among those with
-        one idle; a tie goes to the client whose idle session is the oldest)."""
-        held: dict[str | None, int] = {}
-        oldest_idle: dict[str | None, CodeSession] = {}
-        for session in self._open.values():  # least recently used first
-            held[session.client] = held.get(session.client, 0) + 1
-            if not session.turns.busy:
-                oldest_idle.setdefault(session.client, session)
-        if not oldest_idle:
-            return None
-        client = max(oldest_idle, key=lambda c: (held[c], -oldest_idle[c].last_used))
-        return oldest_idle[client]
+        table = self._table
+        table.share = self.per_client if self.per_client is not None else -(-table.limit * 3 // 4)
+        try:
+            while (victim := table.to_close(client)) is not None:
+                self._close(victim, "evicted")
+        except TableFull as full:
+            raise SessionsBusy(full.held, own=full.own) from None
 
     def touch(self, session: CodeSession) -> None:
         """Mark ``session`` used now (a call began or ended)."""
-        session.last_used = time.monotonic()
-        if session.id in self._open:
-            self._open.move_to_end(session.id)
+        self._table.touch(session, session.id)
 
     def end(self, session_id: str, owner: str | None, *, adopt: bool = False) -> None:
         """End a session on its client's request. With ``adopt``, one that another gateway
@@ -192,18 +178,18 @@ class CodeSessions:
         Raises:
             SessionGone: no such open session of this owner.
         """
-        if session_id not in self._open and adopt and session_id not in self._ended:
+        if session_id not in self._table and adopt and session_id not in self._ended:
             handle = self.handles.verify(session_id, owner)
             if handle is not None:
                 unseen = CodeSession(handle.text, owner, handle.name, live=True)
                 unseen.replica = handle.replica
-                self._open[session_id] = unseen  # closed at once: nothing else is evicted
+                self._table.add(session_id, unseen)  # closed at once: nothing else is evicted
         self.get(session_id, owner)
         self._close(session_id, "ended")
 
     def is_open(self, session: CodeSession) -> bool:
         """Whether ``session`` is still open (not ended, expired or evicted)."""
-        return self._open.get(session.id) is session
+        return self._table.get(session.id) is session
 
     def gone(self, session_id: str) -> SessionGone:
         """The error for a call naming ``session_id``, now closed."""
@@ -212,22 +198,18 @@ class CodeSessions:
     def discard(self, session: CodeSession) -> None:
         """Forget a session whose id nobody was told (its first call failed)."""
         if self.is_open(session):
-            del self._open[session.id]
+            self._table.pop(session.id)
             self._count(session.client)
             if self.on_close is not None:
                 self.on_close(session, None)
 
     def expire(self) -> None:
         """Close the sessions idle for longer than ``idle_timeout`` (unless a call is running)."""
-        deadline = time.monotonic() - self.idle_timeout
-        for session in list(self._open.values()):
-            if session.last_used > deadline:
-                break  # the rest were used later
-            if not session.turns.busy:
-                self._close(session.id, "expired")
+        for session_id in self._table.expired(self.idle_timeout):
+            self._close(session_id, "expired")
 
     def _close(self, session_id: str, why: Ending) -> None:
-        session = self._open.pop(session_id)
+        session = self._table.pop(session_id)
         self._count(session.client)
         session.files.clear()
         if self.on_close is not None:
@@ -239,4 +221,9 @@ class CodeSessions:
 
     def _count_open(self) -> int:
         self.expire()
-        return len(self._open)
+        return len(self._table)
+
+
+def _running(session: CodeSession) -> bool:
+    """Whether a call holds ``session`` or waits for it: such a session is never closed."""
+    return session.turns.busy
