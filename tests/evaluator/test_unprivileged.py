@@ -254,10 +254,11 @@ def test_shared_isolation_checks_hold_for_an_ordinary_user(
 
 
 def test_a_dropped_binary_runs_neither_from_dev_shm_nor_from_a_memfd(
-    service: tuple[str, object],
+    roomy_service: tuple[str, object],
 ) -> None:
-    """As for root (test_isolation.py): here the launcher mounts the noexec /dev/shm."""
-    url, _ = service
+    """As for root (test_isolation.py): here the launcher mounts the noexec /dev/shm. The
+    roomy service: a pool of processes with numpy takes more than 2 s on a loaded host."""
+    url, _ = roomy_service
     dropped = run(url, dropped_binaries.DROP_AND_EXECUTE)
     assert dropped["returncode"] == 0, dropped["stdout"]
     dropped_binaries.check_not_executed(str(dropped["stdout"]))
