@@ -7,9 +7,9 @@ evaluator's live interpreters), with one rule for who goes when room is needed:
   without groups) that holds its ``share`` makes room for its next entry by closing its own
   longest idle entry;
 - a table that holds ``limit`` entries closes the longest idle entry of the group holding the
-  most, the new entry counted in its group (among groups with an idle one; between groups
-  holding as many, the one whose idle entry is the oldest), so that a group flooding the table
-  closes its own entries before anyone else's, even when it held no more than another;
+  most (among groups with an idle one; between groups holding as many, the one whose idle entry
+  is the oldest), so that a group flooding the table closes its own entries before anyone
+  else's;
 - a busy entry (one running a call) is never closed to make room, nor when it expires: when
   only busy entries could go, :class:`TableFull` says so.
 
@@ -120,17 +120,16 @@ class BoundedTable(Generic[E]):
                     raise TableFull(len(own), own=True)
                 return idle[0]
         if len(self._rows) >= self.limit:
-            victim = self._fairest_victim(group)
+            victim = self._fairest_victim()
             if victim is None:
                 raise TableFull(len(self._rows), own=False)
             return victim
         return None
 
-    def _fairest_victim(self, newcomer: Hashable) -> str | None:
-        """The longest idle entry of the group holding the most, ``newcomer``'s new entry
-        counted (among those with one idle; a tie goes to the group whose idle entry is the
-        oldest)."""
-        held: dict[Hashable, int] = {newcomer: 1}
+    def _fairest_victim(self) -> str | None:
+        """The longest idle entry of the group holding the most (among those with one idle; a
+        tie goes to the group whose idle entry is the oldest)."""
+        held: dict[Hashable, int] = {}
         oldest_idle: dict[Hashable, tuple[str, E]] = {}
         for key, (entry, group) in self._rows.items():  # least recently used first
             held[group] = held.get(group, 0) + 1

@@ -171,13 +171,3 @@ async def test_a_slot_given_to_a_call_cancelled_meanwhile_passes_on() -> None:
         waiter.cancel()  # the slot was just handed to "b", which goes before it runs
     assert got in (["c"], ["b", "c"])
     assert (admission.in_flight, admission.waiting) == (0, 0)
-
-
-def test_a_client_as_big_as_another_makes_room_from_its_own() -> None:
-    """Its new session counts: holding as many as another client, it holds more once it opens
-    one, so its own longest idle session goes, even when another's is older."""
-    table = _table(2, per_client=2)
-    other, mine = table.create(None, "other"), table.create(None, "mine")
-    table.create(None, "mine")
-    assert table.is_open(other)
-    assert _why(table, mine) == "evicted"
