@@ -254,10 +254,7 @@ class Settings(ExplicitSettings):
         "the most, never one running a call (its id then answers that it was closed to make "
         "room), and is refused only if every one that could go is running a call. With the "
         "built-in evaluator in-process, at most its live-session cap",
-        json_schema_extra={
-            "shown_default": "the evaluator's live-session cap (in-process, or as its `GET "
-            "/info` says), else 64"
-        },
+        json_schema_extra={"shown_default": "the in-process evaluator's live-session cap, else 64"},
     )
     max_code_sessions_per_client: PositiveInt | None = Field(
         default=None,

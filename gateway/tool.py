@@ -75,15 +75,15 @@ class Gateway:
         return self
 
     def _code_session_cap(self) -> int:
-        """The code sessions this gateway keeps: the setting, or the evaluator's live-session
-        cap where it can ask. In-process, never more than that cap: the gateway closes sessions
-        first (and ends their interpreters), so the evaluator never drops one it still holds."""
+        """The code sessions this gateway keeps: the setting, or the in-process evaluator's
+        live-session cap, never more than that cap: the gateway closes sessions first (and
+        ends their interpreters), so the evaluator never drops one it still holds. Behind
+        ``SNEKBOX_URL`` one replica's ``GET /info`` says nothing of how many replicas share
+        the name, so the setting (or 64) holds, and each replica applies its own cap fairly."""
         asked = self.settings.max_code_sessions
         if self.connection.local is not None:
             limit = self.connection.local.session_limit  # derived at its start
             return max(1, min(asked or limit, limit))
-        if asked is None and self.connection.info.max_sessions > 0:  # as GET /info says
-            return self.connection.info.max_sessions
         return asked or DEFAULT_CODE_SESSIONS
 
     async def __aexit__(self, *exc_info: object) -> None:

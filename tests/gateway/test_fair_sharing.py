@@ -174,13 +174,14 @@ async def test_a_session_ended_for_memory_says_so_to_its_next_call(
         assert _value(await _metrics(url), 'mcp_interpreters_lost_total{why="memory"}') == 1
 
 
-async def test_the_gateways_session_cap_follows_the_evaluators_unless_set(
+async def test_the_gateways_session_cap_behind_a_service_is_its_own(
     settings: Settings, transport: str
 ) -> None:
-    """Behind SNEKBOX_URL the gateway asks the evaluator (GET /info: 4 live sessions here)."""
+    """Behind SNEKBOX_URL one replica's GET /info (4 live sessions here) does not say how many
+    replicas share the name: the gateway keeps its setting, or 64."""
     with evaluator_service(TIME_LIMIT, sessions=True) as service:
         remote = with_time_limit(settings, TIME_LIMIT).model_copy(update={"snekbox_url": service})
-        for asked, kept in ((None, 4), (9, 9)):
+        for asked, kept in ((None, 64), (9, 9)):
             app = create_app(remote.model_copy(update={"max_code_sessions": asked}))
             with serve(app):
                 assert app.state.gateway.sessions.max_sessions == kept
