@@ -168,7 +168,13 @@ class Admission:
         if self.waiting >= self.max_waiting:
             raise Busy(f"all {self.limit} slots are running and {self.waiting} calls are waiting")
         share = -(-self.max_waiting * 3 // 4)
-        if share < self.max_waiting and sum(c == client for c, _ in self._queue) >= share:
+        others = any(c != client for c in self._running) or any(c != client for c, _ in self._queue)
+        # Alone, a client may use the whole queue; beside others, its share of it.
+        if (
+            others
+            and share < self.max_waiting
+            and sum(c == client for c, _ in self._queue) >= share
+        ):
             raise Busy(f"{share} of this client's calls are waiting already")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (client, future)

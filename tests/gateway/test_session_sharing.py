@@ -126,7 +126,7 @@ async def test_a_free_slot_goes_to_the_client_running_the_fewest() -> None:
 
 
 @pytest.mark.anyio
-async def test_one_client_may_fill_three_quarters_of_the_wait_queue() -> None:
+async def test_one_client_may_fill_three_quarters_of_the_wait_queue_beside_another() -> None:
     admission = Admission(limit=1, max_waiting=4, max_wait=30)
     release = anyio.Event()
 
@@ -135,13 +135,33 @@ async def test_one_client_may_fill_three_quarters_of_the_wait_queue() -> None:
             await release.wait()
 
     async with anyio.create_task_group() as calls:
-        for _ in range(4):  # one runs, three wait: the flood's share
+        calls.start_soon(call, "calm")  # runs
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(3):  # the flood's share of the wait queue
             calls.start_soon(call, "flood")
         await anyio.wait_all_tasks_blocked()
         with pytest.raises(Busy, match="3 of this client's calls are waiting"):
             async with admission.slot("flood"):
                 pass
         calls.start_soon(call, "calm")  # the last place is another client's
+        await anyio.wait_all_tasks_blocked()
+        assert admission.waiting == 4
+        release.set()
+    assert (admission.in_flight, admission.waiting) == (0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_client_alone_may_fill_the_whole_wait_queue() -> None:
+    admission = Admission(limit=1, max_waiting=4, max_wait=30)
+    release = anyio.Event()
+
+    async def call(client: str) -> None:
+        async with admission.slot(client):
+            await release.wait()
+
+    async with anyio.create_task_group() as calls:
+        for _ in range(5):  # one runs, four wait
+            calls.start_soon(call, "only")
         await anyio.wait_all_tasks_blocked()
         assert admission.waiting == 4
         release.set()
