@@ -7,6 +7,8 @@ comes free goes to the client running the fewest evaluations.
 
 from __future__ import annotations
 
+import functools
+
 import anyio
 import pytest
 from prometheus_client import CollectorRegistry
@@ -125,15 +127,17 @@ async def test_a_free_slot_goes_to_the_client_running_the_fewest() -> None:
     assert (admission.in_flight, admission.waiting) == (0, 0)
 
 
+async def _hold_a_slot(admission: Admission, release: anyio.Event, client: str) -> None:
+    """A call of ``client`` that holds its slot until ``release``."""
+    async with admission.slot(client):
+        await release.wait()
+
+
 @pytest.mark.anyio
 async def test_one_client_may_fill_three_quarters_of_the_wait_queue_beside_another() -> None:
     admission = Admission(limit=1, max_waiting=4, max_wait=30)
     release = anyio.Event()
-
-    async def call(client: str) -> None:
-        async with admission.slot(client):
-            await release.wait()
-
+    call = functools.partial(_hold_a_slot, admission, release)
     async with anyio.create_task_group() as calls:
         calls.start_soon(call, "calm")  # runs
         await anyio.wait_all_tasks_blocked()
@@ -154,11 +158,7 @@ async def test_one_client_may_fill_three_quarters_of_the_wait_queue_beside_anoth
 async def test_a_client_alone_may_fill_the_whole_wait_queue() -> None:
     admission = Admission(limit=1, max_waiting=4, max_wait=30)
     release = anyio.Event()
-
-    async def call(client: str) -> None:
-        async with admission.slot(client):
-            await release.wait()
-
+    call = functools.partial(_hold_a_slot, admission, release)
     async with anyio.create_task_group() as calls:
         for _ in range(5):  # one runs, four wait
             calls.start_soon(call, "only")
