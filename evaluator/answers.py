@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from snekbox_client import InvalidRequest
 
-from .errors import QueueFull, RequestInvalid, SessionNotFound
+from .errors import CellConflict, QueueFull, RequestInvalid, SessionNotFound
 
 __all__ = ["QUEUE_FULL", "Refusal", "queue_full_description", "refusal"]
 
@@ -43,12 +43,14 @@ def queue_full_description(exc: QueueFull) -> str:
 def refusal(exc: Exception) -> Refusal:
     """The answer to a request that failed with ``exc``: 400 (invalid: refused by the wire
     format's check, :func:`snekbox_client.parse_request`, or by the evaluator), 404 (a resumed
-    session is not live), 503 (the queue is full); anything else is unexpected, logged here
-    with its traceback, and a bare 500."""
+    session is not live), 409 (its cell is running, or there is none to read), 503 (the queue
+    is full); anything else is unexpected, logged here with its traceback, and a bare 500."""
     if isinstance(exc, InvalidRequest | RequestInvalid):
         return Refusal(400, exc.title, exc.description)
     if isinstance(exc, SessionNotFound):
         return Refusal(404, exc.title, str(exc))
+    if isinstance(exc, CellConflict):
+        return Refusal(409, exc.title, str(exc))
     if isinstance(exc, QueueFull):
         return Refusal(503, QUEUE_FULL, queue_full_description(exc), {"Retry-After": "1"})
     log.error("An exception occurred while trying to process the request", exc_info=exc)

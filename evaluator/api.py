@@ -211,6 +211,69 @@ def _session_endpoint(evaluator: Evaluator) -> Callable[[Request], Awaitable[Res
     return end
 
 
+#: The longest a read of a cell's output may wait (seconds), and its body's largest size.
+MAX_READ_WAIT, _MAX_READ_BODY = 300.0, 1024
+
+
+def _cell_endpoints(
+    evaluator: Evaluator,
+) -> tuple[Callable[[Request], Awaitable[Response]], Callable[[Request], Awaitable[Response]]]:
+    """``POST /sessions/<id>/output`` and ``/interrupt`` (this project's extension): read a
+    session's cell as it runs, and interrupt it (see :mod:`.cells`)."""
+
+    async def output(request: Request) -> Response:
+        try:
+            wait, early = await _read_options(request)
+            result = await evaluator.read_cell(request.path_params["session"], wait, early=early)
+        except _HTTPError as exc:
+            return exc.response()
+        except Exception as exc:
+            answer = refusal(exc)
+            return _HTTPError(
+                answer.status, answer.title, answer.description, answer.headers
+            ).response()
+        body = await asyncio.to_thread(_result_body, result)
+        return Response(body, media_type="application/json")
+
+    async def interrupt(request: Request) -> Response:
+        try:
+            evaluator.interrupt(request.path_params["session"])
+        except Exception as exc:
+            answer = refusal(exc)
+            return _HTTPError(answer.status, answer.title, answer.description).response()
+        return Response(status_code=204)
+
+    return output, interrupt
+
+
+async def _read_options(request: Request) -> tuple[float, bool]:
+    """A read's ``wait`` (seconds, at most :data:`MAX_READ_WAIT`) and ``early``."""
+    data = bytearray()
+    async for chunk in request.stream():
+        data.extend(chunk)
+        if len(data) > _MAX_READ_BODY:
+            raise _HTTPError(413, "413 Payload Too Large", "A read's body is a small object.")
+    try:
+        body = json.loads(data or b"{}", parse_float=_finite_float, parse_constant=_finite_float)
+    except (ValueError, _NonFinite) as exc:
+        raise _HTTPError(400, "Invalid JSON", f"Could not parse JSON body - {exc}") from exc
+    wait, early = body.get("wait", 0) if isinstance(body, dict) else None, False
+    if isinstance(body, dict):
+        early = body.get("early", False)
+    if (
+        not isinstance(wait, int | float)
+        or isinstance(wait, bool)
+        or not 0 <= wait <= MAX_READ_WAIT
+        or not isinstance(early, bool)
+    ):
+        raise _HTTPError(
+            400,
+            "Request data failed validation",
+            f'a read is {{"wait": seconds from 0 to {MAX_READ_WAIT:g}, "early": boolean}}',
+        )
+    return float(wait), early
+
+
 def _info_endpoint(evaluator: Evaluator) -> Callable[[Request], Awaitable[Response]]:
     """``GET /info``: what this service offers beyond Snekbox's API (this project's extension;
     Snekbox answers 404), so that a gateway in front of it knows whether sessions stay live."""
@@ -252,10 +315,13 @@ def create_app(evaluator: Evaluator, *, manage_evaluator: bool = False) -> Starl
             if manage_evaluator:
                 await evaluator.aclose()
 
+    read_cell, interrupt_cell = _cell_endpoints(evaluator)
     return Starlette(
         routes=[
             Route("/eval", _EvalEndpoint(evaluator).handle, methods=["POST", "OPTIONS"]),
             Route("/sessions/{session}", _session_endpoint(evaluator), methods=["DELETE"]),
+            Route("/sessions/{session}/output", read_cell, methods=["POST"]),
+            Route("/sessions/{session}/interrupt", interrupt_cell, methods=["POST"]),
             Route("/info", _info_endpoint(evaluator), methods=["GET"]),
         ],
         exception_handlers={404: _not_found, 405: _method_not_allowed},

@@ -91,6 +91,17 @@ class EvaluatorConfig(ConfigRules):
         ),
         Flag("wall-clock seconds per run"),
     ] = 15.0
+    long_time_limit: Annotated[
+        float,
+        Field(
+            gt=0,
+            le=_DAY,
+            description="wall-clock seconds a live session's cell may run when its caller does "
+            "not wait for its end (a call with `wait_seconds`: its output is read as it runs); "
+            "a call may ask for up to this, and gets it when it asks for nothing",
+        ),
+        Flag("wall-clock seconds a session's cell may run when read as it runs"),
+    ] = 3600.0
     memory_limit: Annotated[
         int,
         Field(

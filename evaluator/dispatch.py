@@ -17,10 +17,11 @@ from dataclasses import replace
 
 from snekbox_client import EndedBy, EvalRequest, EvalResult
 
+from .cells import Cell, Cells
 from .cgroups import RunCgroup
 from .commands import CommandLines
 from .config import EvaluatorConfig
-from .errors import SessionNotFound
+from .errors import CellConflict, SessionNotFound
 from .jail import INVALID_UTF8, Outcome, decode_output
 from .live import LiveSessions
 from .packages import IN_SANDBOX, Layer, PackageRefused
@@ -69,6 +70,8 @@ class Dispatcher:
         self._packages = packages
         self._memory_ended = memory_ended
         self._session_limit = session_limit
+        #: The cells read as they run (requests with ``wait``), by session.
+        self._cells = Cells()
 
     async def run(self, request: EvalRequest) -> EvalResult:
         """Run one request (see :meth:`.service.Evaluator.run`, which says what it raises)."""
@@ -183,12 +186,59 @@ class Dispatcher:
             )
         if request.session_resume and not live.touch(session):  # checked again once it runs
             raise self.not_found(session)
-        time_limit = min(request.time_limit or self._config.time_limit, self._config.time_limit)
+        if self._cells.running(session):
+            raise CellConflict(
+                f"a cell is running in session {session!r}: read its output or interrupt it"
+            )
+        config = self._config
+        longest = config.time_limit if request.wait is None else config.long_time_limit
+        time_limit = min(request.time_limit or config.time_limit, longest)
+        if request.wait is None:
+            return await self._session_cell(session, command, request, layers, time_limit)
+        cell = self._cells.begin(session)
+        cell.task = asyncio.create_task(
+            self._cell_task(cell, command, request, layers, time_limit),
+            name=f"cell of {session}",
+        )
+        return await self._cells.read(session, request.wait)
+
+    async def _cell_task(
+        self,
+        cell: Cell,
+        command: list[str],
+        request: EvalRequest,
+        layers: list[Layer],
+        time_limit: float,
+    ) -> None:
+        """Run ``cell`` to its end, whoever waits for it (see :mod:`.cells`)."""
+        try:
+            with self._packages.holding(layers):
+                result = await self._session_cell(
+                    cell.session_id, command, request, layers, time_limit, cell
+                )
+        except BaseException as exc:
+            cell.fail(exc)
+            if isinstance(exc, asyncio.CancelledError):  # the service stops
+                raise
+        else:
+            cell.finish(result)
+
+    async def _session_cell(
+        self,
+        session: str,
+        command: list[str],
+        request: EvalRequest,
+        layers: list[Layer],
+        time_limit: float,
+        cell: Cell | None = None,
+    ) -> EvalResult:
+        """Run a cell of ``session`` in its turn for a run slot (``cell``: read as it runs)."""
+        live = self._live
         async with self._slots.hold():
             started = time.monotonic()
             try:
                 result = await live.run(
-                    session, command[1:], request, time_limit, command[0], layers
+                    session, command[1:], request, time_limit, command[0], layers, cell
                 )
             except SessionNotFound:
                 raise self.not_found(session) from None
@@ -201,6 +251,45 @@ class Dispatcher:
         elif result.session_ended:  # the watchdog ended it during this cell
             result = replace(result, stdout=f"{result.stdout}\n[the session was {why}]\n")
         return result
+
+    async def read_cell(self, session: str, wait: float, *, early: bool = False) -> EvalResult:
+        """The output of ``session``'s cell since the last read, or its result (see
+        :meth:`.cells.Cell.read`).
+
+        Raises:
+            SessionNotFound: no cell ran there and the session is not live.
+            CellConflict: the session is live, and no cell of it runs or is unread.
+        """
+        self._cells.expire(self._config.session_idle_timeout)
+        try:
+            return await self._cells.read(session, wait, early=early)
+        except CellConflict:
+            if not self._live.touch(session):
+                raise self.not_found(session) from None
+            raise
+
+    def interrupt(self, session: str) -> None:
+        """Interrupt ``session``'s running cell (see :meth:`.cells.Cell`): its end is read as
+        any other (:meth:`read_cell`).
+
+        Raises:
+            SessionNotFound: no cell ran there and the session is not live.
+            CellConflict: no cell of it is running.
+        """
+        if not self._cells.running(session):
+            if not self._live.touch(session):
+                raise self.not_found(session)
+            raise CellConflict(f"no cell is running in session {session!r}")
+        self._cells.get(session).interrupted.set()
+
+    def forget_cell(self, session: str) -> None:
+        """A session ended on purpose: its cell's result is nobody's."""
+        self._cells.drop(session)
+
+    @property
+    def running_cells(self) -> int:
+        """Cells read as they run that have not ended."""
+        return len(self._cells)
 
     def live_sandboxes(self) -> dict[str, Sandbox]:
         """The sandbox of each live session, for the memory watchdog (see :mod:`.watchdog`)."""

@@ -7,6 +7,7 @@
     │   ├── InvalidFile          a file's path or content is illegal
     │   └── InvalidExecutable    ``executable_path`` does not exist, is not a file or not executable
     ├── SessionNotFound      a run resumes a live session this service does not hold (an HTTP 404)
+    ├── CellConflict         a session's cell is running, or none is to read (an HTTP 409)
     ├── QueueFull            too many runs are already waiting for a slot (an HTTP 503 at the edge)
     └── RunAborted           a run stopped short: its message is the answer's output (an HTTP 200)
         ├── WriteError           an input file could not be written (nothing ran)
@@ -21,6 +22,7 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = [
+    "CellConflict",
     "CollectError",
     "EvaluatorError",
     "HostTooBusy",
@@ -66,6 +68,13 @@ class InvalidFile(RequestInvalid):
 
 class InvalidExecutable(RequestInvalid):
     """``executable_path`` cannot be run inside the sandbox."""
+
+
+class CellConflict(EvaluatorError):
+    """A request about a live session's cell that its state does not allow: a new cell while
+    one runs (or ended unread), or a read or interrupt with no cell to act on: nothing ran."""
+
+    title = "Cell conflict"
 
 
 class SessionNotFound(EvaluatorError):

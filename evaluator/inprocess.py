@@ -87,8 +87,40 @@ class InProcessClient:
         except TimeoutError:
             raise EvaluatorTimeout(_NAME, self._timeout + extra_time) from None
         except Exception as exc:  # the API's table: 400, 404, 503, else a logged 500
-            answer = refusal(exc)
-            raise EvaluatorRejected(answer.status, answer.title, answer.description) from exc
+            raise _rejected(exc) from exc
+
+    async def read_output(
+        self, session: str, *, wait: float, early: bool = False, replica: str | None = None
+    ) -> EvalResult:
+        """What ``POST /sessions/<id>/output`` would answer (see
+        :meth:`snekbox_client.SnekboxClient.read_output`).
+
+        Raises:
+            EvaluatorRejected: 404 (the session is not live), 409 (no cell to read).
+            EvaluatorUnavailable: the client is closed.
+        """
+        self._check_open()
+        try:
+            return await self._service.read_cell(session, wait, early=early)
+        except Exception as exc:
+            raise _rejected(exc) from exc
+
+    async def interrupt(self, session: str, *, replica: str | None = None) -> None:
+        """What ``POST /sessions/<id>/interrupt`` would do.
+
+        Raises:
+            EvaluatorRejected: 404 (the session is not live), 409 (no cell is running).
+            EvaluatorUnavailable: the client is closed.
+        """
+        self._check_open()
+        try:
+            self._service.interrupt(session)
+        except Exception as exc:
+            raise _rejected(exc) from exc
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EvaluatorUnavailable(_NAME, "the client is closed")
 
     async def end_session(self, session: str, *, replica: str | None = None) -> None:
         """End a live session now; one the evaluator does not hold is no error."""
@@ -130,3 +162,9 @@ class InProcessClient:
         self._closed = True
         if self._owned:
             await self._service.aclose()
+
+
+def _rejected(exc: Exception) -> EvaluatorRejected:
+    """The HTTP client's error for what the API would answer ``exc`` with (its one table)."""
+    answer = refusal(exc)
+    return EvaluatorRejected(answer.status, answer.title, answer.description)

@@ -52,7 +52,7 @@ _WATCHDOG_MARGIN = 0.25
 # Seconds a launcher may take to mount the working directory (a few ms; it is never released
 # past this: the run fails as a sandbox failure).
 _MOUNT_WAIT = 10.0
-EndedBy = Literal["exit", "time_limit", "output_limit"]
+EndedBy = Literal["exit", "time_limit", "output_limit", "interrupted"]
 
 
 class JailedProcess:
@@ -272,6 +272,7 @@ class JailedProcess:
         output_limit: int,
         grace: float,
         on_output: OnOutput | None = None,
+        interrupted: asyncio.Event | None = None,
     ) -> Outcome:
         """Run one cell in a session's agent (released with ``release(argv, None)``).
 
@@ -280,7 +281,9 @@ class JailedProcess:
         cell's other processes); if the cell has not ended ``grace`` seconds later, the tree is
         killed. Past ``output_limit`` bytes, as for a one-shot run, bwrap gets SIGTERM (143)
         and the interpreter ends. :attr:`alive` then says whether it lives on. ``on_output``
-        is handed each chunk of the output as it is read (see :mod:`.pump`).
+        is handed each chunk of the output as it is read (see :mod:`.pump`). Once
+        ``interrupted`` is set, the cell is interrupted as at the time limit (``ended_by``
+        ``"interrupted"``).
 
         Raises:
             ValueError: an argument contains a NUL byte.
@@ -299,18 +302,26 @@ class JailedProcess:
 
         pump = OutputPump(self._output_fd, output_limit, on_limit=on_limit, on_output=on_output)
         status = agent_pipes.CellStatus(status_fd)
+        asked: asyncio.Future[None] | None = None
+        if interrupted is not None:
+            asked = asyncio.ensure_future(_set(interrupted))
         with pump, status.watch() as said, self._child.exit_watch() as exited:
             ends = (pump.eof, said, exited)
             self.released_at = time.monotonic()
-            await agent_pipes.write_within(request_fd, frame, time_limit)
-            remaining = time_limit - (time.monotonic() - self.released_at)
-            if not await _any_within(ends, remaining):
-                if ended_by == "exit":
-                    ended_by = "time_limit"
-                    agent_pipes.send_frame(request_fd, _agent.INTERRUPT)
-                if not await _any_within(ends, grace):
-                    self.kill()
-                    await _any_within(ends, _KILL_GRACE)
+            try:
+                await agent_pipes.write_within(request_fd, frame, time_limit)
+                remaining = time_limit - (time.monotonic() - self.released_at)
+                await _any_within((*ends, asked) if asked is not None else ends, remaining)
+                if not any(end.done() for end in ends):
+                    if ended_by == "exit":
+                        ended_by = "interrupted" if asked and asked.done() else "time_limit"
+                        agent_pipes.send_frame(request_fd, _agent.INTERRUPT)
+                    if not await _any_within(ends, grace):
+                        self.kill()
+                        await _any_within(ends, _KILL_GRACE)
+            finally:
+                if asked is not None:
+                    asked.cancel()
         pump.drain()  # what the cell wrote before its status is in the pipe by now
         if status.value is not None and self.alive:
             return Outcome(status.value, pump.output, ended_by)
@@ -319,7 +330,7 @@ class JailedProcess:
             self.kill()
             await self._child.exits_within(_KILL_GRACE)
         returncode = self._child.reap(block=False)
-        if ended_by == "time_limit":  # killed after the grace
+        if ended_by in ("time_limit", "interrupted"):  # killed after the grace
             returncode = KILLED
         return Outcome(returncode, pump.output, ended_by)
 
@@ -348,6 +359,10 @@ class JailedProcess:
                 os.close(fd)
                 setattr(self, name, None)
         self._child.close()
+
+
+async def _set(event: asyncio.Event) -> None:
+    await event.wait()
 
 
 async def _any_within(futures: Sequence[asyncio.Future[None]], seconds: float) -> bool:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from snekbox_client import EndedBy, EvalRequest, EvalResult
 
 from ._agent import WARM
+from .cells import Cell
 from .cgroups import RunCgroup
 from .config import EvaluatorConfig
 from .errors import SessionNotFound
@@ -133,10 +134,12 @@ class LiveSessions:
         time_limit: float,
         executable: str,
         layers: Sequence[Layer] = (),
+        cell: Cell | None = None,
     ) -> EvalResult:
         """Run ``args`` (the interpreter's arguments) as a cell of the session ``session_id``,
         whose interpreter is ``executable`` (a new session's; a later cell must name the same),
-        with ``layers`` importable from this cell on.
+        with ``layers`` importable from this cell on; ``cell``: read as it runs, and
+        interrupted when asked (see :mod:`.cells`).
 
         Raises:
             SessionNotFound: the request resumes a session not live here (any more: it may
@@ -167,7 +170,7 @@ class LiveSessions:
             ended = True
             try:
                 await session.idle.release()  # running again before its code is sent
-                result = await self._cell(session, args, request, time_limit, layers)
+                result = await self._cell(session, args, request, time_limit, layers, cell)
                 ended = bool(result.session_ended) or self._open.get(session_id) is not session
                 return result
             finally:  # cancelled mid-cell (the client left) or failed: its state is unknown
@@ -184,6 +187,7 @@ class LiveSessions:
         request: EvalRequest,
         time_limit: float,
         layers: Sequence[Layer],
+        cell: Cell | None,
     ) -> EvalResult:
         config = self._config
         workdir = session.sandbox.workdir
@@ -201,10 +205,15 @@ class LiveSessions:
             time_limit=time_limit,
             output_limit=config.output_limit,
             grace=INTERRUPT_GRACE,
+            on_output=cell.on_output if cell is not None else None,
+            interrupted=cell.interrupted if cell is not None else None,
         )
         alive = session.sandbox.process.alive
         ended_by = outcome.ended_by if alive else self._ended_by(outcome, session.sandbox.cgroup)
-        stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
+        if cell is not None and cell.read_any:  # the rest of what was read in pieces
+            stdout: str | None = cell.rest()
+        else:
+            stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
         if stdout is None:
             return EvalResult(INVALID_UTF8, None, session_ended=not alive)
         files = await asyncio.to_thread(

@@ -46,7 +46,7 @@ class Outcome:
 
     returncode: int
     output: bytes
-    ended_by: Literal["exit", "time_limit", "output_limit"]
+    ended_by: Literal["exit", "time_limit", "output_limit", "interrupted"]
 
 
 class OutputPump:

@@ -290,10 +290,32 @@ class Evaluator:
         the run. When the awaiting task is cancelled, the run's process tree is SIGKILLed before
         the cancellation goes on; its sandbox is disposed of in the background, as after any run.
         """
+        return await self._running().run(request)
+
+    async def read_cell(self, session: str, wait: float, *, early: bool = False) -> EvalResult:
+        """What ``session``'s cell wrote since the last read, or its result once it ended,
+        waiting up to ``wait`` seconds (see :mod:`.cells`).
+
+        Raises:
+            SessionNotFound: no cell ran there and the session is not live here.
+            CellConflict: no cell of it runs, nor ended unread.
+        """
+        return await self._running().read_cell(session, wait, early=early)
+
+    def interrupt(self, session: str) -> None:
+        """Interrupt ``session``'s running cell (see :mod:`.cells`).
+
+        Raises:
+            SessionNotFound: the session is not live here.
+            CellConflict: no cell of it is running.
+        """
+        self._running().interrupt(session)
+
+    def _running(self) -> Dispatcher:
         dispatch = self._dispatch
         if not self._started or self._closing or dispatch is None:
             raise RuntimeError("the evaluator is not running: call start() first")
-        return await dispatch.run(request)
+        return dispatch
 
     async def preinstalled(self) -> None:
         """Return once every interpreter's preinstalled set (``python_packages``) was installed,
@@ -312,10 +334,13 @@ class Evaluator:
             allowed=() if cache is None else tuple(sorted(cache.policy.allowed or ())),
             packages_why=self._run_packages.why_off if cache is None else None,
             install_timeout=None if cache is None else config.package_timeout,
+            long_time_limit=config.long_time_limit if self.session_limit else None,
         )
 
     async def end_session(self, session: str) -> None:
         """End a live session now (see :mod:`.live`); one it does not hold is no error."""
+        if self._dispatch is not None:
+            self._dispatch.forget_cell(session)
         if self._live is not None:
             await self._live.end(session)
 

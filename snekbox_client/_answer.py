@@ -19,13 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._exceptions import InvalidResponse
-from ._fields import ENDED_BY_FIELD, INSTALL_SECONDS_FIELD, INSTALLED_FIELD, SESSION_ENDED_FIELD
+from ._fields import (
+    ENDED_BY_FIELD,
+    INSTALL_SECONDS_FIELD,
+    INSTALLED_FIELD,
+    RUNNING_FIELD,
+    SESSION_ENDED_FIELD,
+)
 from ._request import ContentWanted, File
 from ._result import (
     EvalResult,
     ended_by_from_answer,
     install_seconds_from_answer,
     installed_from_answer,
+    running_from_answer,
     session_ended_from_answer,
 )
 from ._scanner import MAX_KEY, JsonScanner, decode_string
@@ -95,6 +102,7 @@ class AnswerReader(JsonScanner):
         self._session_ended: Any = None  # a scalar; a string or container is "invalid"
         self._installed: Any = None  # like _ended_by
         self._install_seconds: Any = None  # like _session_ended
+        self._running: Any = None  # like _session_ended
         self._entries: list[_Entry] = []
 
     # -- feeding ---------------------------------------------------------------------------
@@ -138,6 +146,7 @@ class AnswerReader(JsonScanner):
             session_ended,
             installed_from_answer(installed),
             install_seconds_from_answer(self._install_seconds),
+            running_from_answer(self._running),
         )
 
     # -- the answer ------------------------------------------------------------------------
@@ -170,6 +179,9 @@ class AnswerReader(JsonScanner):
             role = _IGNORED
         elif parent == _TOP and key == INSTALL_SECONDS_FIELD:
             self._install_seconds = []
+            role = _IGNORED
+        elif parent == _TOP and key == RUNNING_FIELD:
+            self._running = []
             role = _IGNORED
         elif parent == _FILES:
             if not is_object:
@@ -209,6 +221,8 @@ class AnswerReader(JsonScanner):
             self._installed = value
         elif role == _TOP and key == INSTALL_SECONDS_FIELD:
             self._install_seconds = value
+        elif role == _TOP and key == RUNNING_FIELD:
+            self._running = value
         elif role == _TOP and key == "files":
             raise InvalidResponse("'files' is not a list")
         elif role == _FILES:
@@ -238,6 +252,8 @@ class AnswerReader(JsonScanner):
             self._installed = bytearray()
         elif role == _TOP and key == INSTALL_SECONDS_FIELD:
             self._install_seconds = ""  # a string: not a number
+        elif role == _TOP and key == RUNNING_FIELD:
+            self._running = ""  # a string: not a boolean
         elif role == _TOP and key == "files":
             raise InvalidResponse("'files' is not a list")
         elif role == _FILES:

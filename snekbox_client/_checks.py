@@ -28,6 +28,7 @@ from ._fields import (
     SESSION_OWNER_FIELD,
     SESSION_RESUME_FIELD,
     TIME_LIMIT_FIELD,
+    WAIT_FIELD,
 )
 from ._request import ContentWanted, EvalRequest, File
 
@@ -69,6 +70,7 @@ REQUEST_SCHEMA: dict[str, Any] = {
             "items": {"type": "string", "minLength": 1, "maxLength": 200},
             "maxItems": 64,
         },
+        WAIT_FIELD: {"type": "number", "minimum": 0, "maximum": 86_400},
     },
     "anyOf": [{"required": ["input"]}, {"required": ["args"]}],
 }
@@ -120,6 +122,7 @@ def parse_request(body: Any, *, max_files: int, reserved: Sequence[str] = ()) ->
             end_sessions=tuple(body.get(END_SESSIONS_FIELD, ())),
             session_owner=body.get(SESSION_OWNER_FIELD),
             packages=tuple(body.get(PACKAGES_FIELD, ())),
+            wait=body.get(WAIT_FIELD),
         )
     except ValueError as exc:  # whatever the models refuse is the request's fault: a 400
         raise InvalidRequest(str(exc)) from exc
@@ -148,6 +151,7 @@ def check_request(request: EvalRequest, *, max_files: int, reserved: Sequence[st
             (END_SESSIONS_FIELD, list(request.end_sessions) or None),
             (SESSION_OWNER_FIELD, request.session_owner),
             (PACKAGES_FIELD, list(request.packages) or None),
+            (WAIT_FIELD, request.wait),
         )
         if value is not None
     }

@@ -151,6 +151,56 @@ class SnekboxClient:
             return reader.result()
         return await asyncio.to_thread(reader.result)
 
+    async def read_output(
+        self,
+        session: str,
+        *,
+        wait: float,
+        early: bool = False,
+        replica: str | None = None,
+    ) -> EvalResult:
+        """Read what the running cell of a live session of the built-in evaluator wrote since
+        the last read (``POST /sessions/<id>/output``), waiting up to ``wait`` seconds for its
+        end (or, with ``early``, for its next output): :attr:`EvalResult.running` while it runs;
+        once it ended, its result, ``stdout`` what was not read before.
+
+        Raises:
+            EvaluatorRejected: 404, the session is not live there; 409, no cell of it is
+                running or unread.
+            The other errors of :meth:`eval`.
+        """
+        body = {"wait": wait, "early": early}
+        reader = AnswerReader(
+            ContentWanted(("*",), self.max_content_bytes),
+            max_answer_bytes=self.max_answer_bytes,
+            max_text_bytes=self.max_text_bytes,
+            max_files=self.max_files,
+        )
+        path = f"/sessions/{quote(session, safe='')}/output"
+        timeout = httpx.Timeout(self.timeout + wait, connect=self.connect_timeout)
+        async with self._exchange("POST", path, replica, json=body, timeout=timeout) as response:
+            if response.status_code != 200:
+                raise _rejection(response.status_code, await _read_at_most(response))
+            async for chunk in response.aiter_bytes():
+                reader.feed(chunk)
+        if reader.bytes_read <= _DECODE_INLINE_BYTES:
+            return reader.result()
+        return await asyncio.to_thread(reader.result)
+
+    async def interrupt(self, session: str, *, replica: str | None = None) -> None:
+        """Interrupt the running cell of a live session (``POST /sessions/<id>/interrupt``):
+        a ``KeyboardInterrupt`` in it, and its interpreter killed if it does not stop; its end
+        is read with :meth:`read_output`.
+
+        Raises:
+            EvaluatorRejected: 404, the session is not live there; 409, no cell is running.
+            The other errors of :meth:`eval`.
+        """
+        path = f"/sessions/{quote(session, safe='')}/interrupt"
+        async with self._exchange("POST", path, replica) as response:
+            if response.status_code >= 300:
+                raise _rejection(response.status_code, await _read_at_most(response))
+
     async def choose_replica(self) -> str | None:
         """The replica that a series of requests (a live session's) should all go to: the one a
         request would go to now. ``None`` when the URL is not balanced (one address).

@@ -14,11 +14,13 @@ __all__ = [
     "INSTALLED_FIELD",
     "INSTALL_SECONDS_FIELD",
     "PACKAGES_FIELD",
+    "RUNNING_FIELD",
     "SESSION_ENDED_FIELD",
     "SESSION_FIELD",
     "SESSION_OWNER_FIELD",
     "SESSION_RESUME_FIELD",
     "TIME_LIMIT_FIELD",
+    "WAIT_FIELD",
     "base64_text",
     "is_int",
     "is_number",
@@ -47,6 +49,12 @@ SESSION_OWNER_FIELD = "session_owner"
 PACKAGES_FIELD = "packages"
 INSTALLED_FIELD = "installed"
 INSTALL_SECONDS_FIELD = "install_seconds"
+
+#: The request field of :attr:`EvalRequest.wait`, and the answer's of :attr:`EvalResult.running`:
+#: a live session's cell that goes on after its answer (the built-in evaluator's; Snekbox runs
+#: every request to its end, ignores the one and never sends the other).
+WAIT_FIELD = "wait"
+RUNNING_FIELD = "running"
 
 #: The answer field of :data:`EndedBy`: this project's extension of Snekbox's answer, which the
 #: built-in evaluator sends and Snekbox does not.

@@ -33,11 +33,13 @@ class ServiceInfo:
 
     ``max_sessions``: the live sessions one replica holds (0: none, every run is one-shot);
     ``session_idle_timeout``: seconds after which it ends an idle one; ``time_limit``: its
-    longest run, in seconds (``None``: not said). ``pythons``: the interpreters a request may
-    name in ``executable_path``, the default first (empty: not said). ``packages``: whether it
-    installs requested packages, ``"off"``, ``"any"`` or ``"allow-list"`` (``None``: not said,
-    as Snekbox: it installs none); ``allowed``: the allow-list's names; ``packages_why``: why
-    it installs none, when ``off``.
+    longest run, in seconds (``None``: not said); ``long_time_limit``: the longest a session's
+    cell may run when its caller does not wait for it (:attr:`EvalRequest.wait`; ``None``: such
+    cells are not offered, and no output is read before a run's end). ``pythons``: the
+    interpreters a request may name in ``executable_path``, the default first (empty: not
+    said). ``packages``: whether it installs requested packages, ``"off"``, ``"any"`` or
+    ``"allow-list"`` (``None``: not said, as Snekbox: it installs none); ``allowed``: the
+    allow-list's names; ``packages_why``: why it installs none, when ``off``.
     """
 
     max_sessions: int = 0
@@ -49,6 +51,7 @@ class ServiceInfo:
     packages_why: str | None = None
     #: Seconds one resolution, or one install, of a set may take there (``None``: not said).
     install_timeout: float | None = None
+    long_time_limit: float | None = None
 
     @classmethod
     def none(cls) -> ServiceInfo:
@@ -60,6 +63,7 @@ class ServiceInfo:
         body: dict[str, Any] = {
             "sessions": {"max": self.max_sessions, "idle_timeout": self.session_idle_timeout},
             "time_limit": self.time_limit,
+            "long_time_limit": self.long_time_limit,
             "pythons": [
                 {"version": p.version, "executable_path": p.executable_path} for p in self.pythons
             ],
@@ -85,7 +89,12 @@ class ServiceInfo:
         )
         if not is_int(max_sessions) or max_sessions < 0:
             raise InvalidResponse("'sessions.max' is not a non-negative integer")
-        for name, value in (("sessions.idle_timeout", idle), ("time_limit", time_limit)):
+        long_limit = data.get("long_time_limit")
+        for name, value in (
+            ("sessions.idle_timeout", idle),
+            ("time_limit", time_limit),
+            ("long_time_limit", long_limit),
+        ):
             if value is not None and not (is_number(value) and value > 0):
                 raise InvalidResponse(f"'{name}' is not a positive number")
         packages, allowed, why, install_timeout = _packages_from_info(data.get("packages"))
@@ -98,6 +107,7 @@ class ServiceInfo:
             allowed,
             why,
             install_timeout,
+            None if long_limit is None else float(long_limit),
         )
 
 

@@ -16,6 +16,7 @@ from ._fields import (
     SESSION_OWNER_FIELD,
     SESSION_RESUME_FIELD,
     TIME_LIMIT_FIELD,
+    WAIT_FIELD,
     base64_text,
 )
 
@@ -131,7 +132,11 @@ class EvalRequest:
     makes room by ending the longest idle session of the owner holding the most, so that one
     owner's flood ends its own sessions first; Snekbox ignores the field. ``packages``: PEP 508
     requirements the built-in evaluator installs outside the sandbox and puts on ``sys.path``
-    (in a session, for the rest of it); Snekbox ignores the field.
+    (in a session, for the rest of it); Snekbox ignores the field. ``wait``: for a run in a
+    session, the seconds the built-in evaluator waits for the cell before it answers with the
+    output so far and ``running`` (:attr:`EvalResult.running`); the cell goes on, its client may
+    leave, and its output and result are read with ``POST /sessions/<id>/output``. Such a cell
+    may ask for a ``time_limit`` up to the service's long-run limit. Snekbox ignores the field.
     """
 
     input: str | None = None
@@ -145,6 +150,7 @@ class EvalRequest:
     end_sessions: Sequence[str] = ()
     session_owner: str | None = None
     packages: Sequence[str] = ()
+    wait: float | None = None
 
     def __post_init__(self) -> None:
         if self.input is None and self.args is None:
@@ -152,6 +158,8 @@ class EvalRequest:
         # Finite: Infinity would reach the JSON body (which has no such literal), NaN the clock.
         if self.time_limit is not None and not 0 < self.time_limit < math.inf:
             raise ValueError("time_limit must be a positive, finite number of seconds")
+        if self.wait is not None and not 0 <= self.wait < math.inf:
+            raise ValueError("wait must be a non-negative, finite number of seconds")
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -184,4 +192,6 @@ class EvalRequest:
             body[SESSION_OWNER_FIELD] = self.session_owner
         if self.packages:
             body[PACKAGES_FIELD] = list(self.packages)
+        if self.wait is not None:
+            body[WAIT_FIELD] = self.wait
         return body

@@ -13,6 +13,7 @@ from ._fields import (
     ENDED_BY_FIELD,
     INSTALL_SECONDS_FIELD,
     INSTALLED_FIELD,
+    RUNNING_FIELD,
     SESSION_ENDED_FIELD,
     base64_text,
     is_int,
@@ -27,6 +28,7 @@ __all__ = [
     "file_from_answer",
     "install_seconds_from_answer",
     "installed_from_answer",
+    "running_from_answer",
     "session_ended_from_answer",
 ]
 
@@ -34,7 +36,10 @@ __all__ = [
 #: sent), or the limit named. A 137 is ``"time_limit"`` or ``"memory_limit"``, a 143
 #: ``"output_limit"``, unless the code killed itself with that signal. ``"packages_refused"``:
 #: it never started, a requested package could not be installed (``stdout`` says which, why).
-EndedBy = Literal["exit", "time_limit", "memory_limit", "output_limit", "packages_refused"]
+#: ``"interrupted"``: a session's cell its caller interrupted (``POST /sessions/<id>/interrupt``).
+EndedBy = Literal[
+    "exit", "time_limit", "memory_limit", "output_limit", "packages_refused", "interrupted"
+]
 _ENDED_BY: tuple[EndedBy, ...] = get_args(EndedBy)
 
 
@@ -61,6 +66,9 @@ class EvalResult:
     installed: tuple[str, ...] | None = None
     #: Seconds the install took, outside the run's time limit (``None``: none asked for).
     install_seconds: float | None = None
+    #: A session's cell still running (see :attr:`EvalRequest.wait`): ``stdout`` is its output
+    #: so far (since the last read), ``returncode`` ``None``, and no files yet.
+    running: bool = False
 
     @classmethod
     def from_json(cls, data: Any) -> EvalResult:
@@ -88,6 +96,7 @@ class EvalResult:
             session_ended=session_ended_from_answer(data.get(SESSION_ENDED_FIELD)),
             installed=installed_from_answer(data.get(INSTALLED_FIELD)),
             install_seconds=install_seconds_from_answer(data.get(INSTALL_SECONDS_FIELD)),
+            running=running_from_answer(data.get(RUNNING_FIELD)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -108,6 +117,8 @@ class EvalResult:
             body[INSTALLED_FIELD] = " ".join(self.installed)
         if self.install_seconds is not None:
             body[INSTALL_SECONDS_FIELD] = self.install_seconds
+        if self.running:
+            body[RUNNING_FIELD] = True
         return body
 
 
@@ -157,6 +168,17 @@ def session_ended_from_answer(value: Any) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
     raise InvalidResponse(f"'{SESSION_ENDED_FIELD}' is neither a boolean nor null")
+
+
+def running_from_answer(value: Any) -> bool:
+    """The answer's ``running`` (absent or null: ``False``).
+
+    Raises:
+        InvalidResponse: it is neither a boolean nor null.
+    """
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise InvalidResponse(f"'{RUNNING_FIELD}' is neither a boolean nor null")
 
 
 def ended_by_from_answer(value: Any) -> EndedBy | None:

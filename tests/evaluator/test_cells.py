@@ -1,0 +1,195 @@
+"""Cells read as they run: a session's cell answered early with ``wait``, read in pieces over
+HTTP (``POST /sessions/<id>/output``), interrupted (``/interrupt``), and left by its client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from evaluator import Evaluator, create_app
+
+from .conftest import config
+
+pytestmark = pytest.mark.xdist_group("cells")
+
+# Far above what any cell here needs: a loaded host must never make a test's cell a kill.
+TIME_LIMIT = 60.0
+
+
+@pytest.fixture(scope="module")
+async def evaluator() -> AsyncIterator[Evaluator]:
+    async with Evaluator(
+        config(time_limit=TIME_LIMIT, long_time_limit=600, preimport=(), max_sessions=4)
+    ) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+async def http(evaluator: Evaluator) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(create_app(evaluator))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://evaluator", timeout=120
+    ) as client:
+        yield client
+
+
+async def start(http: httpx.AsyncClient, session: str, code: str, **body: Any) -> dict[str, Any]:
+    response = await http.post(
+        "/eval", json={"input": code, "session": session, "wait": 0.5, **body}
+    )
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+async def read(
+    http: httpx.AsyncClient, session: str, wait: float = 5, **body: Any
+) -> httpx.Response:
+    return await http.post(f"/sessions/{session}/output", json={"wait": wait, **body})
+
+
+async def read_to_end(http: httpx.AsyncClient, session: str) -> tuple[str, dict[str, Any]]:
+    """Every piece until the result: the text read, and the result's answer."""
+    text = ""
+    for _ in range(200):
+        response = await read(http, session)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        text += answer["stdout"]
+        if not answer.get("running"):
+            return text, answer
+    raise AssertionError("the cell never ended")
+
+
+async def test_a_cell_past_its_wait_answers_running_and_is_read_to_its_end_once(
+    http: httpx.AsyncClient,
+) -> None:
+    code = (
+        "import time\n"
+        "for i in range(30):\n"
+        "    print(f'line {i}', flush=True)\n"
+        "    time.sleep(0.1)\n"
+        "open('out.txt', 'w').write('done')\n"
+        "x = 42\n"
+    )
+    first = await start(http, "reads", code)
+    assert first["running"] is True and first["returncode"] is None
+    rest, final = await read_to_end(http, "reads")
+    lines = (first["stdout"] + rest).splitlines()
+    assert lines == [f"line {i}" for i in range(30)]  # nothing lost, nothing twice
+    assert final["returncode"] == 0 and final["session_ended"] is False
+    assert [f["path"] for f in final["files"]] == ["out.txt"]
+    # Read once: there is nothing more to read, and the session goes on with its variables.
+    again = await read(http, "reads", wait=0)
+    assert again.status_code == 409, again.text
+    follow = await start(http, "reads", "print(x)", session_resume=True)
+    assert (follow["stdout"], follow["returncode"]) == ("42\n", 0)
+
+
+async def test_a_cell_that_ends_within_its_wait_answers_as_any_run(
+    http: httpx.AsyncClient,
+) -> None:
+    answer = await start(http, "quick", "print('hi')", wait=30)
+    assert answer["stdout"] == "hi\n" and answer["returncode"] == 0
+    assert "running" not in answer
+
+
+async def test_a_read_with_early_answers_at_the_first_output(http: httpx.AsyncClient) -> None:
+    await start(
+        http, "early", "import time\ntime.sleep(1)\nprint('now', flush=True)\ntime.sleep(30)"
+    )
+    response = await read(http, "early", wait=60, early=True)
+    answer = response.json()
+    assert answer["running"] is True and "now" in answer["stdout"]
+    await http.post("/sessions/early/interrupt")
+    _, final = await read_to_end(http, "early")
+    assert final["ended_by"] == "interrupted"
+
+
+async def test_an_interrupt_stops_a_loop_and_keeps_the_variables(
+    http: httpx.AsyncClient,
+) -> None:
+    first = await start(http, "stop", "y = 7\nwhile True:\n    pass")
+    assert first["running"] is True
+    response = await http.post("/sessions/stop/interrupt")
+    assert response.status_code == 204, response.text
+    _, final = await read_to_end(http, "stop")
+    assert final["ended_by"] == "interrupted" and final["session_ended"] is False
+    assert "KeyboardInterrupt" in final["stdout"]
+    after = await start(http, "stop", "print(y)", session_resume=True)
+    assert after["stdout"] == "7\n"
+
+
+async def test_an_interrupt_the_code_ignores_ends_the_interpreter(
+    http: httpx.AsyncClient,
+) -> None:
+    code = (
+        "import time\n"
+        "while True:\n"
+        "    try:\n"
+        "        time.sleep(1)\n"
+        "    except BaseException:\n"
+        "        pass"
+    )
+    await start(http, "stubborn", code)
+    await http.post("/sessions/stubborn/interrupt")
+    _, final = await read_to_end(http, "stubborn")
+    assert final["ended_by"] == "interrupted" and final["session_ended"] is True
+    assert final["returncode"] == 137
+
+
+async def test_a_second_cell_while_one_runs_is_refused_at_once(http: httpx.AsyncClient) -> None:
+    await start(http, "busy", "import time\ntime.sleep(30)")
+    second = await http.post("/eval", json={"input": "print(1)", "session": "busy", "wait": 0.5})
+    assert second.status_code == 409, second.text
+    assert "running" in second.json()["description"]
+    await http.post("/sessions/busy/interrupt")
+    await read_to_end(http, "busy")
+
+
+async def test_reads_and_interrupts_without_a_cell_say_so(http: httpx.AsyncClient) -> None:
+    assert (await read(http, "nobody", wait=0)).status_code == 404
+    assert (await http.post("/sessions/nobody/interrupt")).status_code == 404
+    await start(http, "idle", "z = 1", wait=30)
+    assert (await read(http, "idle", wait=0)).status_code == 409
+    assert (await http.post("/sessions/idle/interrupt")).status_code == 409
+    for bad in ({"wait": -1}, {"wait": 1e9}, {"wait": "1"}, {"early": 1}):
+        assert (await read(http, "idle", **bad)).status_code == 400
+
+
+async def test_a_client_that_leaves_loses_nothing_it_can_read_later(
+    evaluator: Evaluator, http: httpx.AsyncClient
+) -> None:
+    code = "import time\nprint('before', flush=True)\ntime.sleep(2)\nprint('after')"
+    request = asyncio.ensure_future(
+        http.post("/eval", json={"input": code, "session": "left", "wait": 30})
+    )
+    await asyncio.sleep(1)
+    request.cancel()  # the client goes away while it waits
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    text, final = await read_to_end(http, "left")
+    assert text.splitlines() == ["before", "after"] and final["returncode"] == 0
+
+
+async def test_a_cell_read_as_it_runs_may_ask_for_the_long_time_limit() -> None:
+    async with Evaluator(
+        config(time_limit=1, long_time_limit=120, preimport=(), max_sessions=2)
+    ) as evaluator:
+        transport = httpx.ASGITransport(create_app(evaluator))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://evaluator", timeout=120
+        ) as client:
+            code = "import time\ntime.sleep(3)\nprint('ok')"
+            body = {"input": code, "time_limit": 100}
+            plain = await client.post("/eval", json={**body, "session": "plain"})
+            assert plain.json()["ended_by"] == "time_limit"  # capped at the short limit
+            await start(client, "long", code, time_limit=100)
+            text, final = await read_to_end(client, "long")
+            assert (text, final["returncode"]) == ("ok\n", 0)
+            info = (await client.get("/info")).json()
+            assert (info["time_limit"], info["long_time_limit"]) == (1, 120)
