@@ -24,6 +24,7 @@ FAST_MODULES = frozenset(
         "tests.test_layering",
         "tests.test_public_api",
         "tests.test_shape",
+        "tests.test_kubernetes",
         "tests.serving.test_table",
         "tests.evaluator.test_errors",
         "tests.evaluator.test_pump",
