@@ -300,6 +300,14 @@ def test_the_gateway_is_probed_on_healthz_and_readyz(source: str, target: str) -
         assert get["path"] == path
         assert named.get(get["port"], get["port"]) == port
     spec = deployment["spec"]["template"]["spec"]
+    # The gateways at their fewest can fill the evaluators' slots at their most.
+    objects = _objects(source, target)
+    gateways = _one(objects, "HorizontalPodAutoscaler", "gateway", GATEWAY_NS)["spec"]
+    evaluators = _one(objects, "HorizontalPodAutoscaler", "evaluator", SANDBOX_NS)["spec"]
+    evaluator = _one(objects, "Deployment", "evaluator", SANDBOX_NS)["spec"]["template"]["spec"]
+    slots = int(evaluator["containers"][0]["resources"]["limits"]["cpu"])
+    in_flight = int(_env(container)["MCP_MAX_IN_FLIGHT"]["value"])
+    assert in_flight * gateways["minReplicas"] >= slots * evaluators["maxReplicas"]
     grace = int(_env(container)["MCP_SHUTDOWN_GRACE"]["value"])
     pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert spec["terminationGracePeriodSeconds"] > grace + pause
