@@ -224,7 +224,9 @@ def _cell_endpoints(
     async def output(request: Request) -> Response:
         try:
             wait, early = await _read_options(request)
-            result = await evaluator.read_cell(request.path_params["session"], wait, early=early)
+            result = await evaluator.dispatcher.read_cell(
+                request.path_params["session"], wait, early=early
+            )
         except _HTTPError as exc:
             return exc.response()
         except Exception as exc:
@@ -237,7 +239,7 @@ def _cell_endpoints(
 
     async def interrupt(request: Request) -> Response:
         try:
-            evaluator.interrupt(request.path_params["session"])
+            evaluator.dispatcher.interrupt(request.path_params["session"])
         except Exception as exc:
             answer = refusal(exc)
             return _HTTPError(answer.status, answer.title, answer.description).response()

@@ -101,7 +101,7 @@ class InProcessClient:
         """
         self._check_open()
         try:
-            return await self._service.read_cell(session, wait, early=early)
+            return await self._service.dispatcher.read_cell(session, wait, early=early)
         except Exception as exc:
             raise _rejected(exc) from exc
 
@@ -114,7 +114,7 @@ class InProcessClient:
         """
         self._check_open()
         try:
-            self._service.interrupt(session)
+            self._service.dispatcher.interrupt(session)
         except Exception as exc:
             raise _rejected(exc) from exc
 

@@ -35,7 +35,6 @@ from .errors import SandboxUnavailable
 from .host import HOME
 from .live import LiveSessions
 from .models import Limit
-from .packages import PackageCache
 from .pool import SandboxPool
 from .pythons import Interpreter, find_uv, interpreters
 from .run_packages import RunPackages
@@ -290,28 +289,15 @@ class Evaluator:
         the run. When the awaiting task is cancelled, the run's process tree is SIGKILLed before
         the cancellation goes on; its sandbox is disposed of in the background, as after any run.
         """
-        return await self._running().run(request)
+        return await self.dispatcher.run(request)
 
-    async def read_cell(self, session: str, wait: float, *, early: bool = False) -> EvalResult:
-        """What ``session``'s cell wrote since the last read, or its result once it ended,
-        waiting up to ``wait`` seconds (see :mod:`.cells`).
-
-        Raises:
-            SessionNotFound: no cell ran there and the session is not live here.
-            CellConflict: no cell of it runs, nor ended unread.
-        """
-        return await self._running().read_cell(session, wait, early=early)
-
-    def interrupt(self, session: str) -> None:
-        """Interrupt ``session``'s running cell (see :mod:`.cells`).
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """Where requests go: runs, and cells read as they run (:mod:`.cells`).
 
         Raises:
-            SessionNotFound: the session is not live here.
-            CellConflict: no cell of it is running.
+            RuntimeError: :meth:`start` was not called, or :meth:`aclose` was.
         """
-        self._running().interrupt(session)
-
-    def _running(self) -> Dispatcher:
         dispatch = self._dispatch
         if not self._started or self._closing or dispatch is None:
             raise RuntimeError("the evaluator is not running: call start() first")
@@ -397,16 +383,6 @@ class Evaluator:
     def warm_runs(self) -> int:
         """Runs, since the start, that took a warm sandbox."""
         return self._pool.warm_taken if self._pool is not None else 0
-
-    @property
-    def _packages(self) -> PackageCache | None:
-        """The package cache, or ``None`` (see :attr:`.run_packages.RunPackages.why_off`)."""
-        return self._run_packages.cache
-
-    @property
-    def _waiting(self) -> int:
-        """Runs waiting for a slot now."""
-        return self._slots.waiting
 
     def limits_in_force(self) -> tuple[Limit, ...]:
         """Which limits this machine really enforces, and how (known after :meth:`start`)."""

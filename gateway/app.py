@@ -41,7 +41,7 @@ from .render import mime_type
 from .sessions import SessionTable, StreamableSessions
 from .settings import Settings
 from .sse_sessions import SseSessions
-from .tool import END_TOOL_NAME, TOOL_NAME, Gateway
+from .tool import END_TOOL_NAME, INTERRUPT_TOOL_NAME, READ_TOOL_NAME, TOOL_NAME, Gateway
 
 __all__ = ["StaticTokenVerifier", "create_app", "create_server"]
 
@@ -107,6 +107,36 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
         description="End a session of execute_python_code now, when its work is done: its "
         "files are dropped, and calls naming it are told it was ended. Sessions also end by "
         "themselves after a while without a call.",
+        annotations=ToolAnnotations(
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    )
+    server.add_tool(
+        gateway.get_output,
+        name=READ_TOOL_NAME,
+        title="Read running Python",
+        description="Read code that execute_python_code left running (its result said status "
+        "'running'): what it printed since the last read, each line once, waiting up to "
+        "wait_seconds for more; once it has ended, its whole result as execute_python_code "
+        "gives it (exit status, figures, files). Only the session's own client may read it.",
+        annotations=ToolAnnotations(
+            read_only_hint=True,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    )
+    server.add_tool(
+        gateway.interrupt,
+        name=INTERRUPT_TOOL_NAME,
+        title="Interrupt running Python",
+        description="Stop code that execute_python_code left running, as Ctrl-C would: a "
+        "KeyboardInterrupt in it; the session and its variables are kept (if the code does not "
+        "stop within a few seconds, its interpreter is ended and its variables are lost). "
+        "Answers with its result, what it printed since the last read first.",
         annotations=ToolAnnotations(
             read_only_hint=False,
             destructive_hint=True,

@@ -13,41 +13,47 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, ImageContent
+from mcp.types import CallToolResult
 
 from snekbox_client import EvalResult
 
 from .admission import Admission, Busy
 from .callers import client_of, log_call, owner
-from .choices import MAX_PACKAGES, ChoiceRefused, Choices, choose, script_metadata
+from .cells import CellReads, PendingCell, cell_running, progress_wanted
+from .choices import ChoiceRefused, Choices
 from .code_sessions import (
     CodeSession,
     CodeSessions,
     SessionGone,
     SessionsBusy,
-    SessionView,
     check_room,
-    keep_files,
-    remember,
 )
 from .connection import Connection
 from .evaluation import Evaluations, Run
 from .failures import GATEWAY_FAILED, ServiceFailure
+from .follow_ups import follow_up
 from .metrics import Metrics
-from .render import RenderLimits, render_result
+from .outcomes import Call, Outcomes
+from .session_choices import call_choices
+from .session_choices import time_limit as session_time_limit
 from .settings import Settings
 from .uploads import InputFile, UploadRefused, decode_files
 
 __all__ = ["TOOL_NAME", "Arguments", "Calls"]
 
 TOOL_NAME = "execute_python_code"
+
+#: Seconds the service waits for a cell before it answers ``running``, when nobody asked for
+#: progress nor for a shorter wait: its answer then carries the result of most cells.
+_FIRST_WAIT = 30.0
 
 #: The name operators filter the gateway's log lines by (it was the single module's name).
 logger = logging.getLogger("python_mcp_server")
@@ -63,21 +69,7 @@ class Arguments:
     timeout_seconds: float | None = None
     packages: list[str] | None = None
     python: str | None = None
-
-
-@dataclass
-class _Call:
-    """One call in progress: its context, start, outcome so far and log line's fields."""
-
-    ctx: Context[Any, Any]
-    started: float = field(default_factory=time.monotonic)
-    outcome: str = "cancelled"  # unless the call gets further: only a cancellation stays so
-    log: dict[str, Any] = field(default_factory=dict)
-
-    def refuse(self, outcome: str, message: str) -> ToolError:
-        """The tool error of a call refused with ``outcome``."""
-        self.outcome = outcome
-        return ToolError(message)
+    wait_seconds: float | None = None
 
 
 class Calls:
@@ -92,12 +84,13 @@ class Calls:
         metrics: Metrics,
     ) -> None:
         self.settings = settings
-        self.limits = RenderLimits.of(settings)
+        self.outcomes = Outcomes(settings, connection, sessions)
         self.connection = connection
         self.sessions = sessions
         self.admission = admission
         self.metrics = metrics
         self.evaluations = Evaluations(settings, connection, sessions, admission, metrics)
+        self.reads = CellReads(settings.progress_interval)
         #: Set on shutdown: calls in flight finish, new ones are turned away.
         self.draining = False
         #: Tool calls between arrival and answer (admission counts only the evaluations).
@@ -113,7 +106,7 @@ class Calls:
             ToolError: the code is too long, the files break a rule, the session is gone, the
                 service failed, or the gateway itself did.
         """
-        call = _Call(ctx, log={"code_chars": len(args.code)})
+        call = Call(ctx, log={"code_chars": len(args.code)})
         self.active_calls += 1
         try:
             return await self._run(args, call)
@@ -129,7 +122,7 @@ class Calls:
         finally:
             self._finish(call)
 
-    async def _run(self, args: Arguments, call: _Call) -> CallToolResult:
+    async def _run(self, args: Arguments, call: Call) -> CallToolResult:
         """The steps of :meth:`run`: opened, run in its session's turn, rendered."""
         limit = self.settings.max_code_chars
         if len(args.code) > limit:
@@ -143,22 +136,33 @@ class Calls:
             call.log["client"] = client
         session, uploads, choices = await self._open(args, call, client)
         call.log.update(session_id=session.id, files_sent=len(uploads))
-        time_limit, lowered = self._time_limit(args.timeout_seconds)
+        if session.cell is not None:
+            raise call.refuse("busy", cell_running(session))
+        time_limit, lowered = session_time_limit(
+            self.connection, args.timeout_seconds, args.wait_seconds
+        )
+        limits = self.outcomes.limits
+        self.outcomes.limits = replace(limits, max_time_limit=self.connection.max_time_limit())
         try:
             async with self.admission.turn(session.turns):
-                run = await self._in_turn(args, call, session, uploads, time_limit, choices)
-                result, view = await self._evaluate(call, run, new=args.session_id is None)
+                run = await self._in_turn(
+                    args, call, session, uploads, (time_limit, lowered), choices
+                )
+                result = await self._evaluate(call, run, new=args.session_id is None)
         except Busy as exc:  # raised only before the turn came: nothing of it ran
             raise call.refuse(
                 "busy",
                 f"The session is running another call, and this one cannot wait for it "
                 f"({exc}); this code did not run. Call again once that call has answered.",
             ) from exc
-        view.time_limit_lowered = lowered
-        return self._render(args, call, result, view, run.choices)
+        if result.running:
+            return self.outcomes.running(call, session, result)
+        view = self.outcomes.conclude(call, session, run.choices, run.uploads, result)
+        view.time_limit_lowered = run.lowered
+        return self.outcomes.render(call, result, view, run.choices, code=args.code)
 
     async def _open(
-        self, args: Arguments, call: _Call, client: str | None
+        self, args: Arguments, call: Call, client: str | None
     ) -> tuple[CodeSession, dict[str, bytes], Choices | None]:
         """The call's session, uploads, and for a new session its choices: refused for its
         arguments, a call opens no session."""
@@ -185,14 +189,16 @@ class Calls:
     async def _in_turn(
         self,
         args: Arguments,
-        call: _Call,
+        call: Call,
         session: CodeSession,
         uploads: dict[str, bytes],
-        time_limit: float | None,
+        limits: tuple[float | None, float | None],
         choices: Choices | None,
     ) -> Run:
         """What the call runs, checked once its session's turn came, as the call before left
-        the session (``choices``: a new session's, made before it opened)."""
+        the session (``limits``: its time limit and what was asked, if lowered; ``choices``: a
+        new session's, made before it opened)."""
+        time_limit, lowered = limits
         if not self.sessions.is_open(session):  # closed while this call waited
             raise call.refuse("refused", str(self.sessions.gone(session.id)))
         try:
@@ -202,13 +208,18 @@ class Calls:
         except (UploadRefused, ChoiceRefused) as exc:
             raise call.refuse("refused", str(exc)) from exc
         self.sessions.touch(session)
-        return Run(args.code, session, uploads, time_limit, choices)
+        wait = None
+        if self.connection.reads_cells:
+            wait = self.settings.progress_interval if progress_wanted(call.ctx) else _FIRST_WAIT
+            if args.wait_seconds is not None:
+                wait = min(wait, args.wait_seconds)
+        return Run(
+            args.code, session, uploads, time_limit, choices, wait, args.wait_seconds, lowered
+        )
 
-    async def _evaluate(
-        self, call: _Call, run: Run, *, new: bool
-    ) -> tuple[EvalResult, SessionView]:
-        """Evaluate ``run``, and keep in its session (``new``: opened by this call) what it
-        wrote and ran with.
+    async def _evaluate(self, call: Call, run: Run, *, new: bool) -> EvalResult:
+        """Evaluate ``run`` (``new``: its session opened by this call); a cell that runs on
+        is read (:mod:`gateway.cells`) until it ends or the call's ``wait_seconds`` pass.
 
         Raises:
             ServiceFailure: the gateway is shutting down, or the evaluation failed.
@@ -221,47 +232,75 @@ class Calls:
                     "The gateway is shutting down; the code did not run. Retry in a few seconds.",
                 )
             result = await self.evaluations.evaluate(run, call.ctx, call.started)
-        except (ServiceFailure, asyncio.CancelledError):
-            if new:  # nobody learns its id: it would only wait to expire
+        except asyncio.CancelledError:
+            if run.wait is not None and not new:  # the cell may run on: it is read later
+                session.cell = self._pending(run, call)
+            elif new:  # nobody learns its id: it would only wait to expire
                 self.sessions.discard(session)
             raise
-        remember(session, run.choices, result)
-        view = keep_files(session, run.uploads, result, self.settings.max_session_bytes)
-        self.sessions.touch(session)
-        call.log["session_id"] = session.id
-        if not self.sessions.is_open(session):  # evicted while it ran: end its new
-            self.connection.session_closed(session, None)  # interpreter, which nothing holds
-        return result, view
+        except ServiceFailure:
+            if new:
+                self.sessions.discard(session)
+            raise
+        if not result.running:
+            return result
+        session.live = True  # the evaluator holds its interpreter, running the cell
+        session.cell = cell = self._pending(run, call)
+        until = call.started + (run.wait_seconds if run.wait_seconds is not None else math.inf)
+        return await self.read_cell(session, cell, result, call, until)
 
-    def _render(
-        self,
-        args: Arguments,
-        call: _Call,
-        result: EvalResult,
-        view: SessionView,
-        choices: Choices,
+    def _pending(self, run: Run, call: Call) -> PendingCell:
+        limit = run.time_limit or self.connection.info.time_limit or self.settings.timeout
+        keep = self.settings.max_output_chars
+        return PendingCell.start(run.choices, run.uploads, limit, run.lowered, keep, call.started)
+
+    async def read_cell(
+        self, session: CodeSession, cell: PendingCell, result: EvalResult, call: Call, until: float
+    ) -> EvalResult:
+        """Read ``session``'s running ``cell`` on from ``result`` until it ends (its session
+        then forgets it) or ``until``."""
+        cell.reading = True
+        try:
+            result = await self.reads.follow(
+                result,
+                cell,
+                lambda wait, early: self.evaluations.read(session, wait, early),
+                ctx=call.ctx,
+                until=until,
+                session_id=session.id,
+            )
+        finally:
+            cell.reading = False
+        if not result.running:
+            session.cell = None
+        return result
+
+    async def follow_up(
+        self, session_id: str, ctx: Context[Any, Any], *, wait: float, interrupt: bool
     ) -> CallToolResult:
-        """What the model sees of ``result``; the call's outcome and log fields from it."""
-        rendered = render_result(
-            result,
-            duration=time.monotonic() - call.started,
-            limits=self.limits,
-            session=view,
-            notes=choices.notes,
-        )
-        structured = rendered.structured_content or {}
-        call.outcome = structured.get("status", "ok")
-        call.log.update(
-            returncode=result.returncode,
-            stdout_chars=len(result.stdout),
-            images=sum(isinstance(c, ImageContent) for c in rendered.content),
-            files=len(structured.get("files", ())),
-        )
-        if self.settings.log_code:
-            call.log.update(code=args.code, stdout=result.stdout)
-        return rendered
+        """``get_output`` (read ``session_id``'s running cell for up to ``wait`` seconds) or,
+        with ``interrupt``, ``interrupt`` (stop it, and read it to its end).
 
-    def _finish(self, call: _Call) -> None:
+        Raises:
+            ToolError: no such session of this client, no cell to read, the service failed.
+        """
+        call = Call(ctx, log={"tool": "interrupt" if interrupt else "get_output"})
+        self.active_calls += 1
+        try:
+            return await follow_up(self, call, session_id, wait=wait, interrupt=interrupt)
+        except ServiceFailure as failure:
+            call.outcome = failure.kind
+            raise ToolError(failure.message) from failure
+        except ToolError:
+            raise
+        except Exception as exc:  # a bug here, not the service's failure
+            call.outcome = "gateway_error"
+            logger.exception("%s failed in the gateway itself", call.log["tool"])
+            raise ToolError(GATEWAY_FAILED) from exc
+        finally:
+            self._finish(call)
+
+    def _finish(self, call: Call) -> None:
         """The call's end: its closed sessions' interpreters ended, it is counted and logged."""
         self.connection.end_evicted()  # no request carried them (refused, or another replica)
         self.active_calls -= 1
@@ -284,43 +323,10 @@ class Calls:
             await self._call_ended.wait()
 
     async def _choices(self, args: Arguments, session: CodeSession) -> Choices:
-        """The Python and packages of this call (see :mod:`gateway.choices`); in a live
-        session, its interpreter's Python, and every package its calls asked for (the session
-        takes them on once the call ran: see :func:`~gateway.code_sessions.remember`).
-
-        Raises:
-            ChoiceRefused: they cannot be had here, or the session runs another Python.
-        """
-        offers = self.connection.offers()
-        current = next((o for o in offers if o.executable_path == session.python), None)
-        kept = session.calls > 0  # a session keeps the Python its first call ran
-        choices = choose(
-            python=args.python,
-            packages=args.packages,
-            script=await script_metadata(args.code),  # in a worker thread when there is a block
-            offers=offers,
-            # Turned off, the evaluator refuses them itself: a result, as any other refusal.
-            installs=self.connection.info.packages in ("any", "allow-list", "off"),
-            why_no_installs=self.connection.why_no_installs(),
-            prefer=current if session.calls else None,
+        """See :func:`~gateway.session_choices.call_choices`."""
+        return await call_choices(
+            self.connection, session, python=args.python, packages=args.packages, code=args.code
         )
-        chosen = choices.python.executable_path if choices.python is not None else None
-        if kept and choices.python is not None and chosen != session.python:
-            running = current.version if current is not None else "another version"
-            raise ChoiceRefused(
-                f"This session runs Python {running}; a session keeps the Python it started "
-                "with. Omit session_id to start a new session with another Python."
-            )
-        if choices.python is None and session.calls:
-            chosen = session.python  # unasked: the session's own
-        packages_all = tuple(dict.fromkeys((*session.packages, *choices.packages)))
-        if len(packages_all) > MAX_PACKAGES:
-            raise ChoiceRefused(
-                f"This session would have {len(packages_all)} packages; at most {MAX_PACKAGES} "
-                "are kept for a session. Start a new session for other packages."
-            )
-        python_offer = next((o for o in offers if o.executable_path == chosen), None)
-        return replace(choices, python=python_offer, packages=packages_all)
 
     async def _session(self, session_id: str | None, client: str | None) -> CodeSession:
         """The call's session: the one it names, or a new one. At the cap, with every session
@@ -357,12 +363,3 @@ class Calls:
                             raise SessionsBusy(exc.count, waited, own=exc.own) from None
         except Busy as exc:
             raise SessionsBusy(self.sessions.max_sessions, str(exc)) from None
-
-    def _time_limit(self, asked: float | None) -> tuple[float | None, float | None]:
-        """The call's time limit (``None``: the service's own) and, if lowered, what was asked."""
-        maximum = self.settings.max_time_limit
-        if asked is None:
-            return None, None
-        if asked > maximum:
-            return maximum, asked
-        return asked, None

@@ -55,6 +55,12 @@ class EvaluationService(Protocol):
 
     async def end_session(self, session: str, *, replica: str | None = None) -> None: ...
 
+    async def read_output(
+        self, session: str, *, wait: float, early: bool = False, replica: str | None = None
+    ) -> EvalResult: ...
+
+    async def interrupt(self, session: str, *, replica: str | None = None) -> None: ...
+
     async def choose_replica(self) -> str | None: ...
 
     async def info(self) -> ServiceInfo: ...
@@ -148,6 +154,19 @@ class Connection:
     def live_sessions(self) -> bool:
         """Whether the service keeps a live interpreter per session."""
         return self.backend is not None and self.backend.live_sessions
+
+    @property
+    def reads_cells(self) -> bool:
+        """Whether a session's cell can be read as it runs and outlive its call (the built-in
+        evaluator's ``wait``, ``/sessions/<id>/output`` and ``/interrupt``)."""
+        return self.live_sessions and self.info.long_time_limit is not None
+
+    def max_time_limit(self) -> float:
+        """The most a call's ``timeout_seconds`` may ask: the built-in evaluator's long-run
+        limit where cells are read as they run, else the settings' maximum."""
+        if self.reads_cells and self.info.long_time_limit is not None:
+            return self.info.long_time_limit
+        return self.settings.max_time_limit
 
     @property
     def limits_time(self) -> bool:

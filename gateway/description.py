@@ -36,8 +36,9 @@ def tool_description(settings: Settings, connection: Connection) -> str:
         f"- `files`: at most {settings.max_upload_files} files, "
         f"{settings.max_upload_bytes:,} bytes in all, each with a relative path; `encoding` "
         "'base64' for bytes that are not text.\n"
-        f"- `timeout_seconds`: this call's time limit, at most {settings.max_time_limit:g} "
-        "s (more is lowered to that).\n"
+        f"- `timeout_seconds`: this call's time limit, at most "
+        f"{connection.max_time_limit():g} s (more is lowered to that).\n"
+        f"{_long_runs(settings, connection)}"
         f"- {_packages(connection, environment)}\n"
         f"{_installs(connection)}"
         f"{_pythons(connection)}"
@@ -106,6 +107,29 @@ def _limits(settings: Settings, connection: Connection) -> str:
     if "working directory" not in weaker:
         limits += f"; the working directory holds {cfg.workdir_size} MiB"
     return limits + "."
+
+
+def _long_runs(settings: Settings, connection: Connection) -> str:
+    """How to see code as it runs and let it outlive the call, where the service can."""
+    if not connection.reads_cells:
+        return (
+            "- This evaluation service runs each call to its end before answering: "
+            "`wait_seconds`, get_output and interrupt have nothing to read or stop here, and "
+            "progress notifications say only how long the call has run.\n"
+        )
+    longest = connection.max_time_limit()
+    return (
+        "- Long runs: a client that asked for progress gets the newest output in its progress "
+        f"notifications as the code runs (at most one each {settings.progress_interval:g} s). "
+        "Pass `wait_seconds` (e.g. 20) for code that may run longer than your own timeout "
+        "(training, a long simulation): the call answers after that long at most, with status "
+        "'running', the output so far and the session_id, and the code goes on in its session "
+        f"for up to {duration(longest)} (without `timeout_seconds`). Then call get_output("
+        "session_id, wait_seconds) to read what it printed since (each line once) and, once it "
+        "ended, its result with figures and files; interrupt(session_id) stops it and keeps "
+        "the session's variables. A call on that session while its code runs is refused at "
+        "once.\n"
+    )
 
 
 def _installs(connection: Connection) -> str:

@@ -50,6 +50,13 @@ _PNG_HEAD_BYTES = 24
 _MEMORY_SHORT = re.compile(r"running out of memory \(its processes held (\d{1,9}) MiB")
 
 
+#: What a read or an interrupt is told when the evaluator holds no cell of the session.
+_NO_CELL = (
+    "The session has no running cell, and no result left unread: its last cell's result was "
+    "read already (or it ended with its interpreter). Run code with execute_python_code."
+)
+
+
 @dataclass(frozen=True)
 class Run:
     """What one call runs: its code in its session, with its uploads, time limit (``None``:
@@ -60,6 +67,13 @@ class Run:
     uploads: dict[str, bytes]
     time_limit: float | None
     choices: Choices
+    #: Seconds the service waits for the cell before it answers ``running`` (``None``: the
+    #: service runs it to its end before answering: see :mod:`gateway.cells`).
+    wait: float | None = None
+    #: How long the call waits for the cell before it answers ``running`` (``None``: its end).
+    wait_seconds: float | None = None
+    #: The ``timeout_seconds`` asked, when it was lowered to the maximum.
+    lowered: float | None = None
 
 
 class Evaluations:
@@ -89,6 +103,8 @@ class Evaluations:
         # Most calls end before the first report is due, so a timer starts the reports rather
         # than a task per call (and a plain task rather than a task group, so the evaluation's
         # errors come back unwrapped).
+        if run.wait is not None:  # the cell's reads report its progress (gateway.cells)
+            return await self._evaluate(run)
         loop = asyncio.get_running_loop()
         reports: list[asyncio.Task[None]] = []
         timer = loop.call_later(
@@ -152,6 +168,7 @@ class Evaluations:
             session_owner=owner_name(session.client) if live else None,
             executable_path=choices.python.executable_path if choices.python else None,
             packages=choices.packages,
+            wait=run.wait,
         )
 
     def _later_cell(self, session: CodeSession) -> bool:
@@ -173,7 +190,11 @@ class Evaluations:
             result = await self.connection.service.eval(
                 request, replica=session.replica, extra_time=extra_time
             )
-            if self._later_cell(session) and plotting.prelude_missing(result):
+            if (
+                not result.running
+                and self._later_cell(session)
+                and plotting.prelude_missing(result)
+            ):
                 # The interpreter has no prelude of this gateway's (the code removed it,
                 # another gateway's runs there): the code did not run.
                 whole = plotting.build_request(run.code)
@@ -184,7 +205,9 @@ class Evaluations:
         except BaseException as exc:
             # Whether the service ended them is unknown: the call's end does.
             self.connection.evicted_again(request.end_sessions, session.replica)
-            if self.connection.live_sessions and isinstance(exc, asyncio.CancelledError):
+            # A cell read as it runs goes on without its caller: it is read later.
+            left = isinstance(exc, asyncio.CancelledError) and request.wait is None
+            if self.connection.live_sessions and left:
                 self.connection.abandon(session)
             raise
         return result
@@ -225,6 +248,44 @@ class Evaluations:
         self.metrics.evaluator_errors.labels(kind).inc()
         message = explain(exc, running=running, workers=self.settings.backend_workers)
         return ServiceFailure(kind, message)
+
+    async def read(self, session: CodeSession, wait: float, early: bool) -> EvalResult:
+        """Read ``session``'s running cell once (see :mod:`gateway.cells`).
+
+        Raises:
+            ServiceFailure: the service failed, or holds no such cell (the message says so).
+        """
+        try:
+            return await self.connection.service.read_output(
+                session.name, wait=wait, early=early, replica=session.replica
+            )
+        except SnekboxError as exc:
+            raise self._cell_failure(exc, session) from exc
+
+    async def interrupt(self, session: CodeSession) -> None:
+        """Interrupt ``session``'s running cell.
+
+        Raises:
+            ServiceFailure: as :meth:`read`.
+        """
+        try:
+            await self.connection.service.interrupt(session.name, replica=session.replica)
+        except SnekboxError as exc:
+            raise self._cell_failure(exc, session) from exc
+
+    def _cell_failure(self, exc: SnekboxError, session: CodeSession) -> ServiceFailure:
+        """The tool error for a failed read or interrupt: the cell is unknown to the service
+        (409), its interpreter is gone (404), or the service failed and the cell goes on."""
+        if isinstance(exc, EvaluatorRejected) and exc.status_code == 409:
+            return ServiceFailure("refused", _NO_CELL)
+        if isinstance(exc, EvaluatorTimeout | ConnectionLost):
+            kind = failure_kind(exc)
+            self.metrics.evaluator_errors.labels(kind).inc()
+            return ServiceFailure(
+                kind,
+                f"{explain(exc)} The cell goes on in its session: call get_output again.",
+            )
+        return self._failure(exc, session, 1)
 
     def _install_time(self, choices: Choices) -> float:
         """Seconds a call may wait beyond the usual for what it runs with to be installed: its

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from .admission import Admission
@@ -47,6 +49,15 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.reads = Counter(
+            "mcp_cell_reads",
+            "get_output and interrupt calls that read a cell, by what they found: running, "
+            "or ended (its result)",
+            ["found"],
+            registry=self.registry,
+        )
+        for found in ("running", "ended"):
+            self.reads.labels(found)
         in_flight = Gauge(
             "mcp_evaluations_in_flight", "Evaluations running", registry=self.registry
         )
@@ -57,6 +68,15 @@ class Metrics:
             registry=self.registry,
         )
         waiting.set_function(lambda: admission.waiting)
+
+    def count_running_cells(self, count: Callable[[], int]) -> None:
+        """Serve ``mcp_running_cells``, counted by ``count`` when scraped."""
+        running = Gauge(
+            "mcp_running_cells",
+            "Cells that ran on after their call answered (or was left), not read to their end",
+            registry=self.registry,
+        )
+        running.set_function(count)
 
     def render(self) -> bytes:
         """The metrics in Prometheus' text format."""

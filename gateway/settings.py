@@ -167,10 +167,11 @@ class Settings(ExplicitSettings):
     )
     # A floor, so that progress notifications cannot flood a client (0 sent 98,180 a second).
     progress_interval: float = Field(
-        default=2.0,
-        ge=0.1,
+        default=0.5,
+        ge=0.05,
         description="seconds between progress notifications to clients that ask for them (at "
-        "least 0.1)",
+        "least 0.05); on the built-in evaluator each carries the newest output of the running "
+        "code",
     )
     max_request_bytes: PositiveInt | None = Field(
         default=None,

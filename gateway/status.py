@@ -18,6 +18,7 @@ Status = Literal[
     "exception",
     "killed",
     "interrupted",
+    "running",
     "output_limit",
     "signal",
     "sandbox_error",
@@ -70,6 +71,16 @@ def describe_exit(
         return "packages_refused", f"not run: {quote(stdout.strip(), _MESSAGE_CHARS * 2)}"
     if returncode is None:
         return _describe_message(stdout)
+    if ended_by == "interrupted" and session_ended is False:
+        return "interrupted", (
+            f"interrupted after {duration:.1f} s by interrupt() (KeyboardInterrupt, then exit "
+            f"code {returncode}); the session's variables are kept"
+        )
+    if ended_by == "interrupted":
+        return "killed", (
+            f"killed after {duration:.1f} s: it did not stop at interrupt()'s "
+            "KeyboardInterrupt, so its interpreter was ended; the session's variables are lost"
+        )
     if session_ended is False and ended_by == "time_limit":
         return "interrupted", (
             f"interrupted after {duration:.1f} s (KeyboardInterrupt, then exit code "

@@ -28,9 +28,16 @@ from .schema import ExecutionResult
 from .settings import Settings
 from .uploads import InputFile
 
-__all__ = ["END_TOOL_NAME", "TOOL_NAME", "Gateway"]
+__all__ = ["END_TOOL_NAME", "INTERRUPT_TOOL_NAME", "READ_TOOL_NAME", "TOOL_NAME", "Gateway"]
 
 END_TOOL_NAME = "end_session"
+READ_TOOL_NAME = "get_output"
+INTERRUPT_TOOL_NAME = "interrupt"
+
+#: Seconds ``get_output`` waits by default, and at most (a client's own timeout comes first).
+DEFAULT_READ_WAIT, MAX_READ_WAIT = 10.0, 300.0
+#: Seconds ``interrupt`` waits for the cell's end: the evaluator's grace, then its kill.
+INTERRUPT_WAIT = 15.0
 
 
 #: The code sessions kept when neither the settings nor the service say how many (Snekbox).
@@ -68,6 +75,9 @@ class Gateway:
             ),
         )
         self.calls = Calls(settings, self.connection, self.sessions, self.admission, self.metrics)
+        self.metrics.count_running_cells(
+            lambda: sum(session.cell is not None for session in self.sessions)
+        )
 
     async def __aenter__(self) -> Gateway:
         await self.connection.start(self.tool_description)
@@ -178,6 +188,18 @@ class Gateway:
                 "description offers (a session keeps the one it started with)",
             ),
         ] = None,
+        wait_seconds: Annotated[
+            float | None,
+            Field(
+                ge=0,
+                allow_inf_nan=False,
+                description="answer after at most this many seconds even if the code is still "
+                "running: the result then has status 'running', the output so far and the "
+                "session's id, and the code goes on in its session (read it with get_output, "
+                "stop it with interrupt); without timeout_seconds, such a run may take up to "
+                "the long-run limit said in the tool's description. Omit it to wait for the end",
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, ExecutionResult]:
         """Run ``code`` in a session; service failures become tool errors, user errors do not.
 
@@ -185,8 +207,44 @@ class Gateway:
             ToolError: the code is too long, the files break a rule, the session is gone, the
                 service failed, or the gateway itself did.
         """
-        arguments = Arguments(code, session_id, files, timeout_seconds, packages, python)
+        arguments = Arguments(
+            code, session_id, files, timeout_seconds, packages, python, wait_seconds
+        )
         return await self.calls.run(arguments, ctx)
+
+    async def get_output(
+        self,
+        session_id: Annotated[str, Field(description="the session whose code is running")],
+        ctx: Context[Any, Any],
+        wait_seconds: Annotated[
+            float | None,
+            Field(
+                ge=0,
+                allow_inf_nan=False,
+                description="wait up to this many seconds for more output or for the end "
+                f"(default {DEFAULT_READ_WAIT:g}, at most {MAX_READ_WAIT:g})",
+            ),
+        ] = None,
+    ) -> Annotated[CallToolResult, ExecutionResult]:
+        """Read a running cell: what it printed since the last read, or its whole result.
+
+        Raises:
+            ToolError: no such session of this client, no running cell, or the service failed.
+        """
+        wait = min(DEFAULT_READ_WAIT if wait_seconds is None else wait_seconds, MAX_READ_WAIT)
+        return await self.calls.follow_up(session_id, ctx, wait=wait, interrupt=False)
+
+    async def interrupt(
+        self,
+        session_id: Annotated[str, Field(description="the session whose code is running")],
+        ctx: Context[Any, Any],
+    ) -> Annotated[CallToolResult, ExecutionResult]:
+        """Stop a running cell with a KeyboardInterrupt, keeping the session.
+
+        Raises:
+            ToolError: no such session of this client, no running cell, or the service failed.
+        """
+        return await self.calls.follow_up(session_id, ctx, wait=INTERRUPT_WAIT, interrupt=True)
 
     async def end_session(
         self,

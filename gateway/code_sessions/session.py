@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote
 
 from ..admission import Turns
 from ..text import duration
+
+if TYPE_CHECKING:
+    from ..cells import PendingCell
 
 __all__ = [
     "URI_SCHEME",
@@ -109,6 +112,8 @@ class CodeSession:
     packages: tuple[str, ...] = ()
     #: One call at a time: a second one waits, as a notebook runs one cell at a time.
     turns: Turns = field(default_factory=Turns)
+    #: Its cell that runs on after its call answered (or was left), until read to its end.
+    cell: PendingCell | None = None
 
     @property
     def size(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -67,6 +67,10 @@ class CodeSessions:
         )
         for why in ("ended", "expired", "evicted"):
             self.ended.labels(why)
+
+    def __iter__(self) -> Iterator[CodeSession]:
+        """The open sessions, least recently used first."""
+        return iter(self._table)
 
     def create(self, owner: str | None, client: str | None = None) -> CodeSession:
         """A new session of ``owner``, counted in ``client``'s share; at a cap, idle sessions
@@ -225,5 +229,7 @@ class CodeSessions:
 
 
 def _running(session: CodeSession) -> bool:
-    """Whether a call holds ``session`` or waits for it: such a session is never closed."""
-    return session.turns.busy
+    """Whether a call holds ``session`` or waits for it, or its cell may run on after its
+    call answered: such a session is never closed."""
+    cell = session.cell
+    return session.turns.busy or (cell is not None and not cell.surely_ended)

@@ -244,7 +244,7 @@ async def test_full_queue_is_503() -> None:
             first = asyncio.ensure_future(http.post("/eval", json=sleeper))
             second = asyncio.ensure_future(http.post("/eval", json=sleeper))
             with anyio.fail_after(5):
-                while busy._waiting < 1:  # noqa: ASYNC110 - the queue's own state is tested
+                while busy._slots.waiting < 1:  # noqa: ASYNC110 - the queue's own state is tested
                     await asyncio.sleep(0.01)
             refused = await http.post("/eval", json={"input": ""})
             assert refused.status_code == 503

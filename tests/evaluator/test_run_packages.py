@@ -103,23 +103,23 @@ async def test_dependencies_are_resolved_and_a_cached_set_is_not_installed_again
 ) -> None:
     first = await run(client, "import withdep; print(withdep.VALUE)", packages=["withdep"])
     assert first["stdout"] == "11\n" and first["installed"] == "tinypkg==1.1 withdep==2.0"
-    assert evaluator._packages is not None
-    installs = evaluator._packages.installs
+    assert evaluator._run_packages.cache is not None
+    installs = evaluator._run_packages.cache.installs
     again = await run(client, "import withdep; print(withdep.VALUE)", packages=["withdep==2.0"])
     assert again["stdout"] == "11\n"
-    assert evaluator._packages.installs == installs
+    assert evaluator._run_packages.cache.installs == installs
 
 
 async def test_concurrent_runs_asking_for_one_new_set_install_it_once(
     client: httpx.AsyncClient, evaluator: Evaluator
 ) -> None:
-    assert evaluator._packages is not None
-    installs = evaluator._packages.installs
+    assert evaluator._run_packages.cache is not None
+    installs = evaluator._run_packages.cache.installs
     results = await asyncio.gather(
         *(run(client, "import bulky; print(len(bulky.DATA))", packages=["bulky"]) for _ in "ab")
     )
     assert [r["stdout"] for r in results] == ["300000\n", "300000\n"]
-    assert evaluator._packages.installs == installs + 1
+    assert evaluator._run_packages.cache.installs == installs + 1
 
 
 @pytest.mark.parametrize(

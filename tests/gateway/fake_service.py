@@ -19,6 +19,7 @@ from gateway.environment import PROBE
 from snekbox_client import (
     EvalRequest,
     EvalResult,
+    EvaluatorRejected,
     EvaluatorUnavailable,
     File,
     ServiceInfo,
@@ -76,6 +77,12 @@ class FakeService:
         #: Set: ping fails, as an unreachable service's does.
         self.down = False
         self.closed = False
+        #: The answers to reads of running cells, in order (then 409: no cell).
+        self.read_script: deque[EvalResult | SnekboxError] = deque()
+        #: The reads made: (session, wait, early).
+        self.reads: list[tuple[str, float, bool]] = []
+        #: The sessions whose cells were interrupted.
+        self.interrupted: list[str] = []
 
     def then(self, *steps: Step) -> FakeService:
         """Add ``steps`` to the script."""
@@ -111,6 +118,22 @@ class FakeService:
 
     async def end_session(self, session: str, *, replica: str | None = None) -> None:
         self.ended.append((session, replica))
+
+    async def read_output(
+        self, session: str, *, wait: float, early: bool = False, replica: str | None = None
+    ) -> EvalResult:
+        self.reads.append((session, wait, early))
+        if not self.read_script:
+            raise EvaluatorRejected(409, "Cell conflict", "no cell")
+        step = self.read_script.popleft()
+        if isinstance(step, SnekboxError):
+            raise step
+        return step
+
+    async def interrupt(self, session: str, *, replica: str | None = None) -> None:
+        if not self.read_script:
+            raise EvaluatorRejected(409, "Cell conflict", "no cell is running")
+        self.interrupted.append(session)
 
     async def choose_replica(self) -> str | None:
         return self.replica

@@ -64,7 +64,7 @@ async def test_a_full_queue_is_a_503(service: Evaluator) -> None:
     running = [asyncio.ensure_future(client.eval(sleeper)) for _ in range(2)]
     try:
         with anyio.fail_after(10):
-            while service._waiting < 1:  # noqa: ASYNC110 - the queue's own state is tested
+            while service._slots.waiting < 1:  # noqa: ASYNC110 - the queue's own state is tested
                 await asyncio.sleep(0.01)
         with pytest.raises(EvaluatorRejected) as refused:
             await client.eval(EvalRequest(input="print(1)"))
