@@ -41,6 +41,7 @@ from .render import mime_type
 from .sessions import SessionTable, StreamableSessions
 from .settings import Settings
 from .sse_sessions import SseSessions
+from .tasks import CellTasks
 from .tool import END_TOOL_NAME, INTERRUPT_TOOL_NAME, READ_TOOL_NAME, TOOL_NAME, Gateway
 
 __all__ = ["StaticTokenVerifier", "create_app", "create_server"]
@@ -91,6 +92,7 @@ def create_server(gateway: Gateway) -> MCPServer[Any]:
         name="python-mcp-server",
         version=metadata.version(_DISTRIBUTION),
         instructions="Use execute_python_code to run Python: computations, data, charts.",
+        extensions=[CellTasks(gateway)],
         **auth,
     )
     if not tracing_configured():

@@ -45,6 +45,7 @@ from .outcomes import Call, Outcomes
 from .session_choices import call_choices
 from .session_choices import time_limit as session_time_limit
 from .settings import Settings
+from .tasks import task_wait
 from .uploads import InputFile, UploadRefused, decode_files
 
 __all__ = ["TOOL_NAME", "Arguments", "Calls"]
@@ -138,6 +139,9 @@ class Calls:
         call.log.update(session_id=session.id, files_sent=len(uploads))
         if session.cell is not None:
             raise call.refuse("busy", cell_running(session))
+        tasked = args.wait_seconds is None and (wait := task_wait()) is not None
+        if tasked:  # it may become a task (gateway.tasks)
+            args = replace(args, wait_seconds=wait)
         time_limit, lowered = session_time_limit(
             self.connection, args.timeout_seconds, args.wait_seconds
         )
@@ -156,6 +160,8 @@ class Calls:
                 f"({exc}); this code did not run. Call again once that call has answered.",
             ) from exc
         if result.running:
+            if tasked and session.cell is not None:  # a task's result holds all its output
+                session.cell.unread.add(result.stdout)
             return self.outcomes.running(call, session, result)
         view = self.outcomes.conclude(call, session, run.choices, run.uploads, result)
         view.time_limit_lowered = run.lowered
@@ -276,10 +282,17 @@ class Calls:
         return result
 
     async def follow_up(
-        self, session_id: str, ctx: Context[Any, Any], *, wait: float, interrupt: bool
+        self,
+        session_id: str,
+        ctx: Context[Any, Any],
+        *,
+        wait: float,
+        interrupt: bool,
+        keep_output: bool = False,
     ) -> CallToolResult:
         """``get_output`` (read ``session_id``'s running cell for up to ``wait`` seconds) or,
-        with ``interrupt``, ``interrupt`` (stop it, and read it to its end).
+        with ``interrupt``, ``interrupt`` (stop it, and read it to its end); ``keep_output``:
+        what a running cell printed stays for its result (a task's poll).
 
         Raises:
             ToolError: no such session of this client, no cell to read, the service failed.
@@ -287,7 +300,9 @@ class Calls:
         call = Call(ctx, log={"tool": "interrupt" if interrupt else "get_output"})
         self.active_calls += 1
         try:
-            return await follow_up(self, call, session_id, wait=wait, interrupt=interrupt)
+            return await follow_up(
+                self, call, session_id, wait=wait, interrupt=interrupt, keep_output=keep_output
+            )
         except ServiceFailure as failure:
             call.outcome = failure.kind
             raise ToolError(failure.message) from failure

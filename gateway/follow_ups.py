@@ -34,7 +34,13 @@ NO_CELLS = (
 
 
 async def follow_up(
-    calls: Calls, call: Call, session_id: str, *, wait: float, interrupt: bool
+    calls: Calls,
+    call: Call,
+    session_id: str,
+    *,
+    wait: float,
+    interrupt: bool,
+    keep_output: bool = False,
 ) -> CallToolResult:
     """See :meth:`~gateway.calls.Calls.follow_up`."""
     if not calls.connection.reads_cells:
@@ -64,7 +70,10 @@ async def follow_up(
     calls.metrics.reads.labels("running" if result.running else "ended").inc()
     if result.running:
         session.cell = cell
-        return calls.outcomes.running(call, session, result)
+        answer = calls.outcomes.running(call, session, result)
+        if keep_output:  # read again, in full, with the result
+            cell.unread.add(result.stdout)
+        return answer
     view = calls.outcomes.conclude(call, session, cell.choices, cell.uploads, result)
     view.time_limit_lowered = cell.time_limit_lowered
     return calls.outcomes.render(call, result, view, cell.choices, started=cell.started)
