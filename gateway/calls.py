@@ -54,7 +54,7 @@ TOOL_NAME = "execute_python_code"
 
 #: Seconds the service waits for a cell before it answers ``running``, when nobody asked for
 #: progress nor for a shorter wait: its answer then carries the result of most cells.
-_FIRST_WAIT = 30.0
+_FIRST_WAIT = 10.0
 
 #: The name operators filter the gateway's log lines by (it was the single module's name).
 logger = logging.getLogger("python_mcp_server")

@@ -30,7 +30,7 @@ from .choices import Choices
 from .code_sessions import CodeSession
 from .render import RenderLimits
 from .schema import ExecutionResult
-from .text import clean, cut_middle, duration
+from .text import clean, cut_middle, duration, end_of_output
 
 __all__ = [
     "NEWEST_CHARS",
@@ -133,12 +133,17 @@ class PendingCell:
 
 
 def progress_wanted(ctx: Context[Any, Any]) -> bool:
-    """Whether the call's client sent a progress token (else notifications are not sent)."""
+    """Whether the call's client sent a progress token (else notifications would go nowhere).
+    A client in this process (the SDK's direct dispatcher) has its callback called without
+    one: it may want them."""
     try:
-        meta = ctx.request_context.meta
+        context = ctx.request_context
     except (ValueError, AttributeError):  # outside a request (a direct call in a test)
         return False
-    return bool(meta) and meta.get("progress_token") is not None  # type: ignore[union-attr]
+    meta: Any = context.meta or {}
+    if meta.get("progress_token") is not None or meta.get("progressToken") is not None:
+        return True
+    return context.request is None
 
 
 #: Reads a session's cell once: ``(wait, early)``, as ``read_output`` takes them.
@@ -242,9 +247,12 @@ def render_running(
         f"still running after {elapsed:.1f} s in session {session_id}: nothing is lost, "
         "the cell goes on"
     )
-    text = (shown + ("\n" if shown and not shown.endswith("\n") else "")) + (
-        f"[{message}. {how_to_go_on(session_id)}]"
-    )
+    # As in every result: a closing line the output does not hold, and only the gateway's
+    # lines after it, so that output imitating them stays above it.
+    region = shown.rstrip("\n")
+    lines = [region, end_of_output(region, truncated)] if region.strip() else ["(no output yet)"]
+    lines.append(f"[{message}. {how_to_go_on(session_id)}]")
+    text = "\n".join(lines)
     structured = ExecutionResult(
         stdout=shown,
         stdout_truncated=truncated,

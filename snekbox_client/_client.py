@@ -141,7 +141,9 @@ class SnekboxClient:
             max_files=self.max_files,
         )
         body = request.to_json()
-        timeout = httpx.Timeout(self.timeout + extra_time, connect=self.connect_timeout)
+        # A cell read as it runs is answered within its wait, which the service spends first.
+        waited = self.timeout + extra_time + (request.wait or 0.0)
+        timeout = httpx.Timeout(waited, connect=self.connect_timeout)
         async with self._exchange("POST", "/eval", replica, json=body, timeout=timeout) as response:
             if response.status_code != 200:
                 raise _rejection(response.status_code, await _read_at_most(response))

@@ -30,6 +30,7 @@ FAST_MODULES = frozenset(
         "tests.evaluator.test_pump",
         "tests.snekbox_client.test_exported_members",
         "tests.gateway.test_budget",
+        "tests.gateway.test_cell_reads",
         "tests.gateway.test_choices",
         "tests.gateway.test_code_session_store",
         "tests.gateway.test_handles",

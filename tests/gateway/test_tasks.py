@@ -71,7 +71,7 @@ async def call(url: str, code: str, **options: Any) -> dict[str, Any]:
 
 async def poll(url: str, task_id: str) -> dict[str, Any]:
     for _ in range(60):
-        answer = (await rpc(url, "tasks/get", {"taskId": task_id}))["result"]
+        answer: dict[str, Any] = (await rpc(url, "tasks/get", {"taskId": task_id}))["result"]
         if answer["status"] != "working":
             return answer
         await anyio.sleep(answer["pollIntervalMs"] / 1000)
