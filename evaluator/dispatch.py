@@ -270,17 +270,19 @@ class Dispatcher:
 
     def interrupt(self, session: str) -> None:
         """Interrupt ``session``'s running cell (see :meth:`.cells.Cell`): its end is read as
-        any other (:meth:`read_cell`).
+        any other (:meth:`read_cell`); one that ended already is left to be read.
 
         Raises:
             SessionNotFound: no cell ran there and the session is not live.
-            CellConflict: no cell of it is running.
+            CellConflict: no cell of it is running or unread.
         """
-        if not self._cells.running(session):
+        try:
+            cell = self._cells.get(session)
+        except CellConflict:
             if not self._live.touch(session):
-                raise self.not_found(session)
-            raise CellConflict(f"no cell is running in session {session!r}")
-        self._cells.get(session).interrupted.set()
+                raise self.not_found(session) from None
+            raise
+        cell.interrupted.set()
 
     def forget_cell(self, session: str) -> None:
         """A session ended on purpose: its cell's result is nobody's."""

@@ -282,6 +282,12 @@ async def test_a_session_whose_call_runs_is_never_evicted(
             group.cancel_scope.cancel()
         assert "running" not in results
         assert evicted.is_error and "to make room" in text_of(evicted)
+        # Where code outlives its call (issue 29), it went on after the call was left: stopped,
+        # the session goes on. A one-shot service ended it with the call.
+        with anyio.fail_after(60):
+            stopped = await client.call_tool("interrupt", {"session_id": running})
+        if "runs each call to its end" not in text_of(stopped):
+            assert facts(stopped)["status"] in ("interrupted", "killed"), text_of(stopped)
         facts(await call_code(client, "1", session_id=running))
 
         async with anyio.create_task_group() as group:

@@ -281,28 +281,28 @@ async def test_files_the_evaluator_cannot_return_never_stop_the_sessions_next_ca
         assert (cleared["status"], cleared["stdout"]) == ("ok", "gone\n")
 
 
-async def test_a_cancelled_call_leaves_a_new_interpreter_with_the_files_and_says_so(
+async def test_a_cancelled_call_leaves_its_code_running_to_be_read_later(
     live_gateway: tuple[str, Any], transport: str
 ) -> None:
-    """The client gives up on a call: the interpreter running it ends, and the next call runs
-    in a new one with the session's files (not a 'gone' error), saying why variables are gone."""
+    """The client gives up on a call: its code goes on in the session's interpreter (issue
+    29), a call on the session says so at once, and get_output reads its end; the variables
+    and files are kept."""
     url, _ = live_gateway
     async with connect(url, transport) as client:
         first = "x = 42\nopen('data.txt', 'w').write('kept')"
         session = {"session_id": facts(await call_code(client, first))["session_id"]}
+        slow = "import time\ntime.sleep(3)\nprint('slept')"
         async with anyio.create_task_group() as group:
-            group.start_soon(
-                functools.partial(call_code, client, "import time\ntime.sleep(60)", **session)
-            )
+            group.start_soon(functools.partial(call_code, client, slow, **session))
             await until_evaluating(url)
             group.cancel_scope.cancel()
-        after = await call_code(
-            client, "print(open('data.txt').read(), 'x' in globals())", **session
-        )
-        assert facts(after)["stdout"] == "kept False\n"
-        assert "call before this one ended without its answer" in text_of(after)
-        again = await call_code(client, "print('again')", **session)
-        assert "without its answer" not in text_of(again)
+        refused = await call_code(client, "print(x)", **session)
+        assert refused.is_error and "get_output" in text_of(refused)
+        with anyio.fail_after(60):
+            ended = await client.call_tool("get_output", {**session, "wait_seconds": 30})
+        assert (facts(ended)["status"], facts(ended)["stdout"]) == ("ok", "slept\n")
+        after = await call_code(client, "print(open('data.txt').read(), x)", **session)
+        assert facts(after)["stdout"] == "kept 42\n"
 
 
 async def until_evaluating(url: str) -> None:

@@ -34,7 +34,7 @@ def token_file(tmp_path: Path) -> Path:
 BAD_VALUES = [
     (
         {"MCP_PROGRESS_INTERVAL": "0"},
-        "MCP_PROGRESS_INTERVAL='0' is not allowed: it must be a finite number >= 0.1",
+        "MCP_PROGRESS_INTERVAL='0' is not allowed: it must be a finite number >= 0.05",
     ),
     (
         {"MCP_LOG_LEVEL": "verbose"},

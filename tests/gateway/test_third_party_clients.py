@@ -93,7 +93,12 @@ async def test_mcp_proxy_bridges_a_stdio_client(gateway_url: str, transport: str
             assert result.structured_content is not None
             session = {"session_id": result.structured_content["session_id"]}
             again = await client.call_tool("execute_python_code", {"code": "7 * 6", **session})
-    assert sorted(t.name for t in tools) == ["end_session", "execute_python_code"]
+    assert sorted(t.name for t in tools) == [
+        "end_session",
+        "execute_python_code",
+        "get_output",
+        "interrupt",
+    ]
     assert text_of(again).startswith("42\n") and again.structured_content == {
         **(again.structured_content or {}),
         **session,
@@ -122,7 +127,12 @@ def inspector(url: str, *args: str) -> dict:  # type: ignore[type-arg]
 @pytest.mark.parametrize("path", ["/mcp", "/sse"])
 def test_inspector_cli_lists_and_calls_the_tool(gateway_url: str, path: str) -> None:
     listed = inspector(f"{gateway_url}{path}", "--method", "tools/list")
-    assert sorted(t["name"] for t in listed["tools"]) == ["end_session", "execute_python_code"]
+    assert sorted(t["name"] for t in listed["tools"]) == [
+        "end_session",
+        "execute_python_code",
+        "get_output",
+        "interrupt",
+    ]
     called = inspector(
         f"{gateway_url}{path}",
         "--method",

@@ -35,12 +35,22 @@ async def test_tool_is_listed_with_description_and_output_schema(
     client: Client, settings: Settings
 ) -> None:
     tools = (await client.list_tools()).tools
-    assert sorted(t.name for t in tools) == ["end_session", "execute_python_code"]
+    assert sorted(t.name for t in tools) == [
+        "end_session",
+        "execute_python_code",
+        "get_output",
+        "interrupt",
+    ]
     tool = next(t for t in tools if t.name == "execute_python_code")
     assert tool.input_schema["required"] == ["code"]
     properties = tool.input_schema["properties"]
     assert properties["code"]["type"] == "string"
-    assert {"session_id", "files", "timeout_seconds"} <= set(properties)
+    assert {"session_id", "files", "timeout_seconds", "wait_seconds"} <= set(properties)
+    for name in ("get_output", "interrupt"):  # the tools that follow a running cell
+        follower = next(t for t in tools if t.name == name)
+        assert follower.input_schema["required"] == ["session_id"]
+        assert follower.output_schema is not None
+    assert "get_output(session_id, wait_seconds)" in (tool.description or "")
     assert "maximum" in properties["timeout_seconds"]["description"]
     assert tool.annotations is not None
     assert (tool.annotations.read_only_hint, tool.annotations.idempotent_hint) == (False, False)
