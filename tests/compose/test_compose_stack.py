@@ -1,53 +1,41 @@
 """The Docker stack, live: the gateway's published port driven by the mcp SDK's clients.
 
 Runs only when COMPOSE_TEST_URL names a running stack (set by .ci/compose-test, which builds
-the images, starts compose.builtin.yaml with 3 evaluator replicas and tears it down after).
-Otherwise every test here is skipped: the fast suite needs no Docker daemon.
+the images, starts each stack with 3 evaluator replicas and tears it down after). Otherwise
+every test here is skipped: the fast suite needs no Docker daemon.
 
 COMPOSE_TEST_STACK says which evaluation service stands behind the gateway: "builtin" (the
-project's evaluator, the only one CI can run: the real Snekbox image cannot be pulled without
-a registry) or "snekbox". COMPOSE_TEST_REPLICAS: how many evaluator replicas were started.
+project's evaluator, compose.builtin.yaml) or "snekbox" (the real Snekbox, compose.yaml, built
+from upstream's sources and run with the least set of capabilities). The other variables:
+tests/compose/live.py. The Snekbox stack's own promises (its limits, a session's files):
+test_compose_snekbox.py; two gateways: test_compose_gateways.py.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 
 import anyio
 import httpx
 import pytest
 from mcp.types import ImageContent
 
+from tests.compose.live import NO_STACK, REPLICAS, STACK, TIME_LIMIT, URL, call, replicas_of, where
 from tests.evaluator import isolation
 from tests.support import connect, text_of
 
-URL = os.environ.get("COMPOSE_TEST_URL", "").rstrip("/")
-STACK = os.environ.get("COMPOSE_TEST_STACK", "builtin")
-REPLICAS = int(os.environ.get("COMPOSE_TEST_REPLICAS", "1"))
-TIME_LIMIT = float(os.environ.get("COMPOSE_TEST_TIME_LIMIT", "10"))
-
-pytestmark = pytest.mark.skipif(
-    not URL,
-    reason="no Docker stack: COMPOSE_TEST_URL is unset (run .ci/compose-test to build and start "
-    "it; the fast suite needs no daemon)",
-)
+pytestmark = pytest.mark.skipif(not URL, reason=NO_STACK)
 
 
-async def call(transport: str, code: str, limit: float = 90):  # type: ignore[no-untyped-def]
-    with anyio.fail_after(limit):
-        async with connect(URL, transport) as client:
-            return await client.call_tool("execute_python_code", {"code": code})
-
-
-def test_which_evaluation_service_is_under_test() -> None:
-    if STACK != "snekbox":
-        pytest.skip(
-            "the real Snekbox (compose.yaml) is NOT exercised here: its image "
-            "(ghcr.io/python-discord/snekbox) cannot be pulled without a container registry, "
-            "and a privileged container cannot start on this host; the built-in evaluator "
-            "(compose.builtin.yaml) stands in for it"
-        )
+@pytest.mark.anyio
+async def test_which_evaluation_service_is_under_test() -> None:
+    """NsJail names every run "snekbox" (docker/snekbox/snekbox.cfg); the built-in evaluator's
+    runs keep their container's name."""
+    result = await call("http", "import socket\nprint(socket.gethostname())")
+    assert not result.is_error, result
+    hostname = text_of(result).splitlines()[0]
+    print(f"stack {STACK}: a run's host name is {hostname!r}")
+    assert (hostname == "snekbox") == (STACK == "snekbox"), hostname
 
 
 def test_health_and_readiness() -> None:
@@ -86,16 +74,20 @@ async def test_matplotlib_figure_comes_back_as_an_image(transport: str) -> None:
 @pytest.mark.anyio
 async def test_the_time_limit_interrupts_then_kills() -> None:
     """A live session's cell is interrupted at the time limit (the session goes on); code that
-    will not stop is killed after the grace."""
-    for code, status, returncode in [
-        ("print('spinning', flush=True)\nwhile True:\n    pass\n", "interrupted", 130),
-        (
-            "print('spinning', flush=True)\nwhile True:\n    try:\n        while True:\n"
-            "            pass\n    except KeyboardInterrupt:\n        pass\n",
-            "killed",
-            137,
-        ),
-    ]:
+    will not stop is killed after the grace. Snekbox has no live session: NsJail kills the run
+    at its time limit (docker/snekbox/snekbox.cfg)."""
+    spin = "print('spinning', flush=True)\nwhile True:\n    pass\n"
+    cases = [(spin, "interrupted", 130)] if STACK == "builtin" else [(spin, "killed", 137)]
+    if STACK == "builtin":
+        cases.append(
+            (
+                "print('spinning', flush=True)\nwhile True:\n    try:\n        while True:\n"
+                "            pass\n    except KeyboardInterrupt:\n        pass\n",
+                "killed",
+                137,
+            )
+        )
+    for code, status, returncode in cases:
         started = anyio.current_time()
         result = await call("http", code)
         elapsed = anyio.current_time() - started
@@ -116,22 +108,15 @@ async def test_the_working_directory_is_bounded() -> None:
     assert text_of(result).startswith("ENOSPC\nENOSPC True\n"), text_of(result)
 
 
-async def hostname_of_the_replica(limit: float = 120) -> str:
-    """The container that ran a call: the sandbox keeps its replica's host name."""
-    result = await call("http", "import socket\nprint(socket.gethostname())", limit=limit)
-    assert not result.is_error, result
-    return text_of(result).splitlines()[0]
-
-
 @pytest.mark.anyio
 async def test_sequential_calls_go_round_robin_over_the_replicas() -> None:
     """The gateway balances itself (snekbox_client.BalancingTransport), not Docker's DNS order."""
     if REPLICAS < 2:
         pytest.skip("the stack was started with one evaluator replica")
-    hostnames = [await hostname_of_the_replica() for _ in range(3 * REPLICAS)]
-    print(f"{3 * REPLICAS} sequential calls over {REPLICAS} replicas: {hostnames}")
-    assert len(set(hostnames[:REPLICAS])) == REPLICAS, hostnames
-    assert hostnames == hostnames[:REPLICAS] * 3, "not a rotation over every replica"
+    replicas = replicas_of([await where() for _ in range(3 * REPLICAS)])
+    print(f"{3 * REPLICAS} sequential calls over {REPLICAS} replicas: {replicas}")
+    assert len(set(replicas[:REPLICAS])) == REPLICAS, replicas
+    assert replicas == replicas[:REPLICAS] * 3, "not a rotation over every replica"
 
 
 @pytest.mark.anyio
@@ -139,17 +124,18 @@ async def test_concurrent_calls_reach_every_replica() -> None:
     """Fewest in flight first, ties round-robin: within any REPLICAS calls, an idle one is used."""
     if REPLICAS < 2:
         pytest.skip("the stack was started with one evaluator replica")
-    hostnames: list[str] = []
+    seen: list[str] = []
 
     async def one() -> None:
-        hostnames.append(await hostname_of_the_replica())
+        seen.append(await where())
 
     async with anyio.create_task_group() as group:
         for _ in range(30):
             group.start_soon(one)
-    spread = {name: hostnames.count(name) for name in set(hostnames)}
+    replicas = replicas_of(seen)
+    spread = {name: replicas.count(name) for name in set(replicas)}
     print(f"30 concurrent calls over {REPLICAS} replicas: {spread}")
-    assert len(hostnames) == 30
+    assert len(replicas) == 30
     assert len(spread) == REPLICAS, f"not every replica was used: {spread}"
 
 
@@ -157,6 +143,8 @@ async def test_concurrent_calls_reach_every_replica() -> None:
 async def test_a_session_keeps_its_interpreter_on_one_replica() -> None:
     """New sessions spread over the replicas; each session's calls reach the replica whose
     memory holds its interpreter, so its variables last."""
+    if STACK != "builtin":
+        pytest.skip("Snekbox runs every call in a fresh interpreter: no live session to keep")
     with anyio.fail_after(240):
         async with connect(URL, "http") as client:
             sessions: dict[str, str] = {}  # id: the replica's hostname
@@ -186,6 +174,10 @@ async def test_runs_fork_while_every_replica_holds_its_sessions() -> None:
     per container: the replicas' ready sandboxes and live sessions (about 25 tasks each) share
     one count, which must leave a run room to fork (a budget of 64 over the service's own
     processes did not: calls failed to start an interpreter, "Resource temporarily unavailable")."""
+    if STACK != "builtin":
+        pytest.skip(
+            "the built-in evaluator's uid 10001 (Snekbox's pids cgroup: test_compose_snekbox)"
+        )
     fork = (  # 40 children alive at once, all reaped before the cell ends
         "import os, socket\n"
         "r, w = os.pipe()\n"

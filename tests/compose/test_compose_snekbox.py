@@ -1,0 +1,113 @@
+"""The real Snekbox's stack (compose.yaml), live: the limits of docker/snekbox/snekbox.cfg, and a
+session's files, through the gateway's published port.
+
+Runs when .ci/compose-test has started compose.yaml (COMPOSE_TEST_STACK=snekbox): Snekbox built
+from upstream's sources (docker/snekbox/source.Dockerfile), its container given the least set
+of capabilities (compose.yaml), three replicas. Its time limit is tested with the built-in
+evaluator's in test_compose_stack.py. Each limit is tested on both sides of its value, so a
+limit that is not enforced fails the test.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.compose.live import NO_STACK, STACK, URL, call
+from tests.support import connect, text_of
+
+pytestmark = [
+    pytest.mark.skipif(not URL, reason=NO_STACK),
+    pytest.mark.skipif(
+        STACK != "snekbox", reason="the real Snekbox's stack is not the one running"
+    ),
+]
+
+#: docker/snekbox/snekbox.cfg (tests/compose/test_compose_static.py holds it to these).
+MEMORY_LIMIT_MIB, PIDS_LIMIT = 384, 64
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("mib", "killed"), [(200, False), (2 * MEMORY_LIMIT_MIB, True)])
+async def test_the_memory_limit(mib: int, killed: bool) -> None:
+    """The run's memory cgroup: 200 MiB are allowed, twice the limit is killed (137), which the
+    4 GiB address-space limit alone would allow."""
+    code = f"x = bytearray({mib} * 1024 * 1024)\nprint('held', len(x) >> 20, 'MiB')"
+    result = await call("http", code)
+    assert not result.is_error, "a memory-limit kill is a result, not a tool error"
+    facts = result.structured_content
+    if killed:
+        assert (facts["status"], facts["returncode"]) == ("killed", 137), text_of(result)
+        assert "held" not in facts["stdout"]
+    else:
+        assert (facts["status"], facts["returncode"]) == ("ok", 0), text_of(result)
+        assert facts["stdout"] == f"held {mib} MiB\n"
+
+
+@pytest.mark.anyio
+async def test_the_process_limit() -> None:
+    """The run's pids cgroup: forking stops short of the limit (64 tasks, the interpreter and
+    its threads included), where 100 children would otherwise all start."""
+    code = (
+        "import os, time\n"
+        "started = 0\n"
+        "try:\n"
+        "    for _ in range(100):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(5)\n"
+        "            os._exit(0)\n"
+        "        started += 1\n"
+        "except OSError as error:\n"
+        "    print('refused after', started, error.errno)\n"
+        "else:\n"
+        "    print('all', started, 'started')\n"
+    )
+    result = await call("http", code)
+    assert not result.is_error, result
+    found = re.match(r"refused after (\d+) 11\n", result.structured_content["stdout"])
+    assert found, text_of(result)  # EAGAIN
+    started = int(found[1])
+    print(f"{started} children started, then fork failed with EAGAIN")
+    assert PIDS_LIMIT // 2 <= started < PIDS_LIMIT
+
+
+@pytest.mark.anyio
+async def test_no_network() -> None:
+    code = (
+        "import socket\n"
+        "try:\n"
+        "    socket.create_connection(('10.0.0.1', 80), timeout=5)\n"
+        "except OSError as error:\n"
+        "    print('refused', error.errno)\n"
+    )
+    result = await call("http", code)
+    assert not result.is_error, result
+    assert result.structured_content["stdout"] == "refused 101\n", text_of(result)  # ENETUNREACH
+
+
+@pytest.mark.anyio
+async def test_a_session_keeps_its_files() -> None:
+    """Snekbox runs each call in a fresh sandbox: the gateway sends the session's files (those
+    the client sent and those the code wrote) with every call of the session."""
+    async with connect(URL, "http") as client:
+        first = await client.call_tool(
+            "execute_python_code",
+            {
+                "code": "open('written.txt', 'w').write('by the code')\nprint('first')",
+                "files": [{"path": "sent.txt", "content": "by the client"}],
+            },
+        )
+        assert not first.is_error, first
+        session_id = first.structured_content["session_id"]
+        assert [f["path"] for f in first.structured_content["files"]] == ["written.txt"]
+        second = await client.call_tool(
+            "execute_python_code",
+            {
+                "code": "print(open('sent.txt').read(), '|', open('written.txt').read())",
+                "session_id": session_id,
+            },
+        )
+        assert not second.is_error, second
+        assert second.structured_content["stdout"] == "by the client | by the code\n"
+        assert second.structured_content["session_id"] == session_id
