@@ -90,8 +90,10 @@ async def enter(evaluator: Evaluator, sessions: list[str], state: str) -> None:
     live = evaluator._live
     assert live is not None
     for session in sessions:  # their last cell held them (or not): the same for all states
+        held = live._table.get(session)
+        assert held is not None
         if state == "free":
-            await live._open[session].idle.release()
+            await held.idle.release()
     await asyncio.sleep(SETTLE)
 
 
@@ -120,7 +122,9 @@ async def main(args: argparse.Namespace) -> None:
             await cell(evaluator, session, SPINNER)
         live = evaluator._live
         assert live is not None
-        print(f"idle sessions held by: {live._open[sessions[0]].idle.how} (--hold {args.hold})")
+        first = live._table.get(sessions[0])
+        assert first is not None
+        print(f"idle sessions held by: {first.idle.how} (--hold {args.hold})")
         await enter(evaluator, sessions, "alone")
         probe = min([(await timed(evaluator, 2_000_000))[0] for _ in range(3)])
         n = max(100_000, round(2_000_000 * args.seconds / probe))

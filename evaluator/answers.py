@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from snekbox_client import InvalidRequest
 
-from .errors import CellConflict, QueueFull, RequestInvalid, SessionNotFound
+from .errors import CellConflict, QueueFull, RequestInvalid, SessionNotFound, SessionsFull
 
 __all__ = ["QUEUE_FULL", "Refusal", "queue_full_description", "refusal"]
 
@@ -44,7 +44,8 @@ def refusal(exc: Exception) -> Refusal:
     """The answer to a request that failed with ``exc``: 400 (invalid: refused by the wire
     format's check, :func:`snekbox_client.parse_request`, or by the evaluator), 404 (a resumed
     session is not live), 409 (its cell is running, or there is none to read), 503 (the queue
-    is full); anything else is unexpected, logged here with its traceback, and a bare 500."""
+    is full, or a new session finds every live session running a cell: retry); anything else
+    is unexpected, logged here with its traceback, and a bare 500."""
     if isinstance(exc, InvalidRequest | RequestInvalid):
         return Refusal(400, exc.title, exc.description)
     if isinstance(exc, SessionNotFound):
@@ -53,5 +54,7 @@ def refusal(exc: Exception) -> Refusal:
         return Refusal(409, exc.title, str(exc))
     if isinstance(exc, QueueFull):
         return Refusal(503, QUEUE_FULL, queue_full_description(exc), {"Retry-After": "1"})
+    if isinstance(exc, SessionsFull):
+        return Refusal(503, exc.title, str(exc), {"Retry-After": "1"})
     log.error("An exception occurred while trying to process the request", exc_info=exc)
     return Refusal(500, "500 Internal Server Error")

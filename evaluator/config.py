@@ -239,7 +239,9 @@ class EvaluatorConfig(ConfigRules):
             description="live sessions (a sandbox and its interpreter kept between calls) at "
             "once; a new one ends the longest idle session of the owner holding the most "
             "(`session_owner`, the new one counted; sessions without an owner count as one), so a "
-            "client flooding it ends its own first; a session is counted at the memory limit "
+            "client flooding it ends its own first, and never one whose cell runs: when every "
+            'session that could end is running a cell, the new one is refused (503, "busy, '
+            'retry"; nothing runs); a session is counted at the memory limit '
             "where a memory cgroup enforces it, else at its interpreter's address-space rlimit "
             "(memory limit + 512 MiB) plus the working directory and `/dev/shm` (984 MiB by "
             "default: 12 sessions on 24 GiB, not 31; `GET /info` says the value in force); a "
@@ -247,7 +249,7 @@ class EvaluatorConfig(ConfigRules):
             "`0`: none (sessions then keep files only)",
         ),
         Flag(
-            "live sessions at once (the longest idle ends first); 0: none",
+            "live sessions at once (the longest idle ends first, never a running one); 0: none",
             default="half the machine's memory over what a session may hold",
         ),
     ] = None

@@ -8,6 +8,7 @@
     │   └── InvalidExecutable    ``executable_path`` does not exist, is not a file or not executable
     ├── SessionNotFound      a run resumes a live session this service does not hold (an HTTP 404)
     ├── CellConflict         a session's cell is running, or none is to read (an HTTP 409)
+    ├── SessionsFull         a new session needs room and every live session runs a cell (a 503)
     ├── QueueFull            too many runs are already waiting for a slot (an HTTP 503 at the edge)
     └── RunAborted           a run stopped short: its message is the answer's output (an HTTP 200)
         ├── WriteError           an input file could not be written (nothing ran)
@@ -34,6 +35,7 @@ __all__ = [
     "RunAborted",
     "SandboxUnavailable",
     "SessionNotFound",
+    "SessionsFull",
     "WriteError",
 ]
 
@@ -89,6 +91,22 @@ class SessionNotFound(EvaluatorError):
         super().__init__(f"No live session {session!r} is held here ({why}): nothing ran")
         self.session = session
         self.reason = reason
+
+
+class SessionsFull(EvaluatorError):
+    """A new session needs room (``session_limit``), and every live session that could end
+    to make it is running a cell: none is ended (its code would be killed), the request is
+    refused and nothing ran; it may be retried once a cell ends."""
+
+    title = "Live sessions are busy"
+
+    def __init__(self, session: str, held: int) -> None:
+        super().__init__(
+            f"No room for a new live session {session!r}: all {held} live sessions that could "
+            "end to make room are running a cell: nothing ran; try again in a few seconds"
+        )
+        self.session = session
+        self.held = held
 
 
 class QueueFull(EvaluatorError):

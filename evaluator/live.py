@@ -16,7 +16,10 @@ after ``session_idle_timeout`` seconds without a run (looked for on a timer, not
 request comes), when :meth:`LiveSessions.end` is asked, or to make room (``session_limit``):
 the longest idle session of the owner holding the most (``session_owner``, the new session
 counted; sessions without one count as one owner), so that a client flooding the service ends
-its own sessions before anyone else's.
+its own sessions before anyone else's. They are held in a :class:`serving.BoundedTable`, the
+rule both services share: a session whose cell runs is never ended to make room, nor when it
+expires; a new session that only busy ones could make room for is refused
+(:class:`.errors.SessionsFull`, a 503 "retry"), and nothing runs.
 
 Between cells a session's processes are held (see :mod:`.idle`): at the least CPU weight of its
 cgroup, or, without a cpu controller, stopped; a cell gets them back running before its code
@@ -29,17 +32,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from serving import BoundedTable, TableFull
 from snekbox_client import EndedBy, EvalRequest, EvalResult
 
 from ._agent import WARM
 from .cells import Cell
 from .cgroups import RunCgroup
 from .config import EvaluatorConfig
-from .errors import SessionNotFound
+from .errors import SessionNotFound, SessionsFull
 from .idle import IdleHold
 from .jail import INVALID_UTF8, Outcome, decode_output
 from .packages import Layer, PackageRefused
@@ -97,7 +100,10 @@ class LiveSessions:
         self._add_layers = add_layers
         self._config = config
         self._ended_by = ended_by
-        self._open: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
+        # Held while a cell runs (its lock taken): never ended to make room, nor on expiry.
+        self._table: BoundedTable[_Session] = BoundedTable(
+            max(1, config.session_limit), _running, newcomer_counted=True
+        )
         self._starting: dict[str, asyncio.Future[_Session]] = {}
         self._closed = False
         self._expiry: asyncio.TimerHandle | None = None
@@ -105,25 +111,24 @@ class LiveSessions:
     @property
     def count(self) -> int:
         """Sessions open now."""
-        return len(self._open)
+        return len(self._table)
 
     def sandboxes(self) -> dict[str, Sandbox]:
         """The sandbox of each live session, by id (for the memory watchdog)."""
-        return {session_id: session.sandbox for session_id, session in self._open.items()}
+        return {session.id: session.sandbox for session in self._table}
 
     def sandbox_of(self, session_id: str) -> Sandbox | None:
         """The sandbox of the live session ``session_id`` (``None``: not live here)."""
-        session = self._open.get(session_id)
+        session = self._table.get(session_id)
         return session.sandbox if session is not None else None
 
     def touch(self, session_id: str) -> bool:
         """Whether the session ``session_id`` is live (or starting) here; if live, it is marked
         used now: a run for it is on its way, and the longest idle sessions make room first."""
         self.expire()
-        session = self._open.get(session_id)
+        session = self._table.get(session_id)
         if session is not None:
-            session.last_used = time.monotonic()
-            self._open.move_to_end(session_id)
+            self._table.touch(session, session_id)
         return session is not None or session_id in self._starting
 
     async def run(
@@ -144,10 +149,12 @@ class LiveSessions:
         Raises:
             SessionNotFound: the request resumes a session not live here (any more: it may
                 have ended while the run waited for a slot or for the cell before).
+            SessionsFull: a new session needs room, and every session that could make it is
+                running a cell (nothing ran).
             RuntimeError: the session's interpreter could not start.
         """
         self.expire()
-        session = self._open.get(session_id)
+        session = self._table.get(session_id)
         if session is None:
             if request.session_resume and session_id not in self._starting:
                 raise SessionNotFound(session_id)
@@ -165,16 +172,15 @@ class LiveSessions:
             if session.retired:  # ended while this run waited for the one before
                 message = "the session was ended while this run waited for the one before"
                 return EvalResult(message, None, session_ended=True)
-            session.last_used = time.monotonic()
-            self._open.move_to_end(session_id)
+            self._table.touch(session, session_id)
             ended = True
             try:
                 await session.idle.release()  # running again before its code is sent
                 result = await self._cell(session, args, request, time_limit, layers, cell)
-                ended = bool(result.session_ended) or self._open.get(session_id) is not session
+                ended = bool(result.session_ended) or self._table.get(session_id) is not session
                 return result
             finally:  # cancelled mid-cell (the client left) or failed: its state is unknown
-                session.last_used = time.monotonic()
+                self._table.touch(session, session_id)  # idle from now on
                 if ended:
                     self._discard(session)
                 else:  # idle until its next cell: what its code left running waits too
@@ -228,17 +234,18 @@ class LiveSessions:
 
     async def _start(self, session_id: str, executable: str, owner: str | None) -> _Session:
         """The session's interpreter, started (once, however many runs ask at the same time),
-        counted against ``owner``."""
+        counted against ``owner``.
+
+        Raises:
+            SessionsFull: no session that could end to make room is idle.
+        """
         starting = self._starting.get(session_id)
         if starting is not None:
             return await asyncio.shield(starting)
         future: asyncio.Future[_Session] = asyncio.get_running_loop().create_future()
         self._starting[session_id] = future
         try:
-            while self._open and len(self._open) >= self._config.session_limit:
-                victim = self._to_make_room(owner)
-                log.info("live session of %s ended to make room: %s", victim.owner, victim.id)
-                self._close(victim)
+            self._make_room(session_id, owner)
             # A warm sandbox runs the default interpreter, its modules imported.
             default = executable == self._config.executable
             sandbox = self._pool.take_warm() if default else None
@@ -254,7 +261,7 @@ class LiveSessions:
                 raise RuntimeError("the evaluator is stopping")
             hold = IdleHold(sandbox.process.pid, sandbox.cgroup)
             session = _Session(session_id, sandbox, executable, owner, hold)
-            self._open[session_id] = session
+            self._table.add(session_id, session, owner)
             self._keep_expiring()
             future.set_result(session)
             return session
@@ -265,21 +272,20 @@ class LiveSessions:
         finally:
             del self._starting[session_id]
 
-    def _to_make_room(self, newcomer: str | None) -> _Session:
-        """The session to end for a new one of ``newcomer``: the longest idle of the owner
-        holding the most sessions (the new one counted); between owners holding as many, the
-        one whose longest idle session is the oldest. Busy sessions are ended only when no
-        session is idle (the least recently used of that owner, as for idle ones)."""
-        held: dict[str | None, int] = {newcomer: 1}
-        for session in self._open.values():
-            held[session.owner] = held.get(session.owner, 0) + 1
-        sessions = list(self._open.values())  # least recently used first
-        candidates = [s for s in sessions if not s.lock.locked()] or sessions
-        oldest: dict[str | None, int] = {}  # each owner's longest idle candidate, by position
-        for position, session in enumerate(candidates):
-            oldest.setdefault(session.owner, position)
-        owner = max(oldest, key=lambda o: (held[o], -oldest[o]))
-        return candidates[oldest[owner]]
+    def _make_room(self, session_id: str, owner: str | None) -> None:
+        """End idle sessions until one more of ``owner`` fits (see the module).
+
+        Raises:
+            SessionsFull: the sessions that would have to end are all running a cell.
+        """
+        try:
+            while (victim := self._table.to_close(owner)) is not None:
+                ended = self._table.get(victim)
+                assert ended is not None
+                log.info("live session of %s ended to make room: %s", ended.owner, victim)
+                self._close(ended)
+        except TableFull as full:
+            raise SessionsFull(session_id, full.held) from None
 
     async def _start_cold(self, executable: str) -> Sandbox:
         sandbox = self._pool.take_for_session()
@@ -301,25 +307,22 @@ class LiveSessions:
 
     async def end(self, session_id: str) -> None:
         """End a session now (once its running cell, if any, is killed)."""
-        session = self._open.get(session_id)
+        session = self._table.get(session_id)
         if session is not None:
             self._close(session)
 
     def expire(self) -> None:
-        """End the sessions idle for longer than ``session_idle_timeout`` seconds."""
-        deadline = time.monotonic() - self._config.session_idle_timeout
-        for session in list(self._open.values()):
-            if session.last_used > deadline:
-                break
-            if not session.lock.locked():
-                log.info("live session expired: %s", session.id)
-                self._close(session)
+        """End the sessions idle for longer than ``session_idle_timeout`` seconds (not those
+        whose cell runs)."""
+        for session_id in self._table.expired(self._config.session_idle_timeout):
+            log.info("live session expired: %s", session_id)
+            self._close(self._table.pop(session_id))
 
     def _keep_expiring(self) -> None:
         """Look for idle sessions every quarter of the idle timeout (at most a minute apart)
         while any is open: an idle interpreter, and whatever its code left running, ends on
         time even when no request comes to trigger :meth:`expire`."""
-        if self._expiry is not None or not self._open or self._closed:
+        if self._expiry is not None or not self._table or self._closed:
             return
         every = min(60.0, max(0.5, self._config.session_idle_timeout / 4))
         self._expiry = asyncio.get_running_loop().call_later(every, self._expire_and_go_on)
@@ -332,8 +335,8 @@ class LiveSessions:
     def _close(self, session: _Session) -> None:
         """End a session: its interpreter is killed at once, its sandbox disposed of once no
         cell runs in it (a running cell's run does that, seeing it killed)."""
-        if self._open.get(session.id) is session:
-            del self._open[session.id]
+        if self._table.get(session.id) is session:
+            self._table.pop(session.id)
         session.idle.release_now()
         session.sandbox.process.kill()
         if not session.lock.locked():
@@ -343,8 +346,8 @@ class LiveSessions:
         if session.retired:
             return
         session.retired = True
-        if self._open.get(session.id) is session:
-            del self._open[session.id]
+        if self._table.get(session.id) is session:
+            self._table.pop(session.id)
         session.idle.release_now()
         session.sandbox.process.kill()
         self._pool.retire(session.sandbox)
@@ -356,7 +359,7 @@ class LiveSessions:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        sessions = list(self._open.values())
+        sessions = list(self._table)
         for session in sessions:
             self._close(session)
         for session in sessions:
@@ -365,3 +368,9 @@ class LiveSessions:
                     async with session.lock:
                         pass
             self._discard(session)
+
+
+def _running(session: _Session) -> bool:
+    """Whether a cell runs in ``session`` (its lock is held): it is never ended to make room,
+    nor when it expires."""
+    return session.lock.locked()

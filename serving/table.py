@@ -8,8 +8,8 @@ evaluator's live interpreters), with one rule for who goes when room is needed:
   longest idle entry;
 - a table that holds ``limit`` entries closes the longest idle entry of the group holding the
   most (among groups with an idle one; between groups holding as many, the one whose idle entry
-  is the oldest), so that a group flooding the table closes its own entries before anyone
-  else's;
+  is the oldest; a table made with ``newcomer_counted`` counts the new entry in its group's
+  tally), so that a group flooding the table closes its own entries before anyone else's;
 - a busy entry (one running a call) is never closed to make room, nor when it expires: when
   only busy entries could go, :class:`TableFull` says so.
 
@@ -56,13 +56,24 @@ class BoundedTable(Generic[E]):
         busy: Whether an entry is running a call (never closed to make room or on expiry).
         share: Entries one group may hold before its own make room; a share of ``limit`` or
             more is no share.
+        newcomer_counted: Count the entry to add in its group's tally when choosing the group
+            that makes room: a group that would hold as many as another with it closes its
+            own (the evaluator's live sessions, which have no share).
     """
 
-    def __init__(self, limit: int, busy: Callable[[E], bool], share: int | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        busy: Callable[[E], bool],
+        share: int | None = None,
+        *,
+        newcomer_counted: bool = False,
+    ) -> None:
         if limit < 1:
             raise ValueError("a table's limit must be at least 1")
         self.limit = limit
         self.share = share
+        self.newcomer_counted = newcomer_counted
         self._busy = busy
         self._rows: OrderedDict[str, tuple[E, Hashable]] = OrderedDict()
 
@@ -120,16 +131,17 @@ class BoundedTable(Generic[E]):
                     raise TableFull(len(own), own=True)
                 return idle[0]
         if len(self._rows) >= self.limit:
-            victim = self._fairest_victim()
+            victim = self._fairest_victim(group)
             if victim is None:
                 raise TableFull(len(self._rows), own=False)
             return victim
         return None
 
-    def _fairest_victim(self) -> str | None:
+    def _fairest_victim(self, newcomer: Hashable) -> str | None:
         """The longest idle entry of the group holding the most (among those with one idle; a
-        tie goes to the group whose idle entry is the oldest)."""
-        held: dict[Hashable, int] = {}
+        tie goes to the group whose idle entry is the oldest), ``newcomer``'s new entry counted
+        if the table says so."""
+        held: dict[Hashable, int] = {newcomer: 1} if self.newcomer_counted else {}
         oldest_idle: dict[Hashable, tuple[str, E]] = {}
         for key, (entry, group) in self._rows.items():  # least recently used first
             held[group] = held.get(group, 0) + 1

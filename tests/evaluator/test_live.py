@@ -18,7 +18,9 @@ import pytest
 import plotting
 from evaluator import Evaluator, SessionNotFound, _agent, create_app
 from evaluator.cgroups import RunCgroup
+from evaluator.errors import SessionsFull
 from evaluator.jail import read_what_the_pipe_holds
+from evaluator.live import LiveSessions
 from evaluator.pool import Sandbox
 from snekbox_client import EvalRequest, EvalResult, File
 
@@ -34,12 +36,18 @@ async def evaluator() -> AsyncIterator[Evaluator]:
         yield started
 
 
+def running_in(live: LiveSessions, session: str) -> bool:
+    """Whether a cell of ``session`` runs (its lock is taken)."""
+    held = live._table.get(session)
+    return held is not None and held.lock.locked()
+
+
 async def cell_running(evaluator: Evaluator, session: str) -> None:
     """Return once a cell of ``session`` runs (its lock is taken), and a moment more."""
     live = evaluator._live
     assert live is not None
     with anyio.fail_after(60):
-        while not live._open[session].lock.locked():  # noqa: ASYNC110 - nothing to wait on
+        while not running_in(live, session):  # noqa: ASYNC110 - nothing to wait on
             await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
 
@@ -511,7 +519,7 @@ async def test_an_idle_session_has_the_least_cpu_weight_until_its_next_cell(
     assert weight == least
     again = asyncio.create_task(cell(evaluator, "spin", isolation.spinners_again("go")))
     with anyio.fail_after(60):
-        while not live._open["spin"].lock.locked():  # noqa: ASYNC110 - nothing to wait on
+        while not running_in(live, "spin"):  # noqa: ASYNC110 - nothing to wait on
             await asyncio.sleep(0.05)
     assert cpu_weight(sandbox)[1] == normal  # before its code was sent, and while it runs
     (sandbox.workdir.path / "go").touch()
@@ -562,3 +570,31 @@ async def test_room_is_made_from_the_owner_holding_the_most_sessions() -> None:
         with pytest.raises(SessionNotFound, match="'a1'"):
             await cell(evaluator, "a1", "print(x)", session_resume=True)
         assert (await cell(evaluator, "a2", "print(x)", session_resume=True)).stdout == "a2\n"
+
+
+async def test_a_new_session_never_ends_one_whose_cell_runs() -> None:
+    """At the cap, with every session running a cell, a new session is refused (503, retry;
+    nothing ran) rather than kill a running cell; once the cell ended, the new one makes room.
+    A session whose cell runs past the idle timeout does not expire either."""
+    async with Evaluator(
+        config(time_limit=30, preimport=(), max_sessions=1, session_idle_timeout=1.0)
+    ) as evaluator:
+        await cell(evaluator, "busy", "import time\nx = 1", session_owner="A")
+        running = asyncio.create_task(cell(evaluator, "busy", "time.sleep(3)\nprint(x)"))
+        await cell_running(evaluator, "busy")
+        with pytest.raises(SessionsFull, match="'new'"):
+            await cell(evaluator, "new", "open('ran', 'w')", session_owner="B")
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(create_app(evaluator)), base_url="http://evaluator"
+        ) as http:
+            refused = await http.post("/eval", json={"input": "1", "session": "other"})
+        assert (refused.status_code, refused.headers["retry-after"]) == (503, "1")
+        assert refused.json()["title"] == "Live sessions are busy"
+        assert "nothing ran" in refused.json()["description"]
+        done = await running  # idle for over a second before its cell ended: not expired
+        assert (done.stdout, done.session_ended) == ("1\n", False)
+        assert evaluator.live_sessions == 1
+        new = await cell(evaluator, "new", "print('new')", session_owner="B")
+        assert (new.stdout, evaluator.live_sessions) == ("new\n", 1)
+        with pytest.raises(SessionNotFound, match="'busy'"):
+            await cell(evaluator, "busy", "print(x)", session_resume=True)

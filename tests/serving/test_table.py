@@ -105,3 +105,18 @@ def test_a_touch_moves_only_the_entry_held_under_its_key() -> None:
     assert [key for key in ("a", "b") if t.get(key) is items.get(key)] == ["b"]
     assert t.to_close() is None and len(t) == 2
     assert list(t) == [items["b"], t.get("a")]
+
+
+def test_a_table_may_count_the_newcomer_in_its_groups_tally() -> None:
+    """Each group holds one; a newcomer of a's would make a hold two: counted, a closes its own
+    (b's, the longest idle, is spared); not counted, the tie goes to the longest idle."""
+    rows = (("b1", "b"), ("a1", "a"))
+    counted: BoundedTable[Item] = BoundedTable(
+        2, busy=lambda item: item.busy, newcomer_counted=True
+    )
+    fill(counted, *rows)
+    assert counted.to_close("a") == "a1"
+    assert counted.to_close("c") == "b1"  # c holds none: as if not counted
+    plain = table(2)
+    fill(plain, *rows)
+    assert plain.to_close("a") == "b1"
