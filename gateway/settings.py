@@ -162,7 +162,9 @@ class Settings(ExplicitSettings):
     )
     eval_timeout: PositiveFloat | None = Field(
         default=None,
-        description="seconds to wait for the evaluation service's answer",
+        description="seconds to wait for each answer of the evaluation service (a run read as "
+        "it runs, on the built-in evaluator, is answered in pieces: this bounds each, beyond "
+        "the wait the gateway asked for)",
         json_schema_extra={"shown_default": "time limit + 10 s (30 with `SNEKBOX_URL`)"},
     )
     # A floor, so that progress notifications cannot flood a client (0 sent 98,180 a second).

@@ -20,9 +20,14 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.connection import evaluation_service
-from gateway.failures import GATEWAY_FAILED, explain
+from gateway.failures import GATEWAY_FAILED, SESSIONS_BUSY, explain
 from python_mcp_server import Gateway, Settings, create_server
-from snekbox_client import ConnectionLost, EvaluatorTimeout, EvaluatorUnavailable
+from snekbox_client import (
+    ConnectionLost,
+    EvaluatorRejected,
+    EvaluatorTimeout,
+    EvaluatorUnavailable,
+)
 from tests.support import closed_port, raw_server, serve, text_of
 
 pytestmark = pytest.mark.anyio
@@ -55,6 +60,13 @@ def test_a_timeout_says_whether_the_call_may_have_waited_for_a_worker() -> None:
     )
     assert "may have waited for a free worker rather than run that long" in waited
     assert "make it faster" not in waited
+
+
+def test_a_busy_queue_and_busy_live_sessions_are_told_apart() -> None:
+    queue = explain(EvaluatorRejected(503, "Evaluation queue is full", "All 2 slots are busy"))
+    sessions = explain(EvaluatorRejected(503, SESSIONS_BUSY, "all 4 sessions are running"))
+    assert "queue is full" in queue and "queue" not in sessions
+    assert "live sessions" in sessions and "did not run" in sessions
 
 
 def test_a_lost_connection_is_not_unreachable() -> None:
