@@ -32,6 +32,7 @@ from snekbox_client import (
 )
 
 from .admission import Admission, Busy
+from .cells import how_to_go_on
 from .choices import Choices
 from .code_sessions import CodeSession, CodeSessions
 from .connection import Connection
@@ -244,6 +245,12 @@ class Evaluations:
             if isinstance(exc, ReplicaGone):
                 session.replica = None  # the next call starts one elsewhere
             return ServiceFailure("session_lost", lost)
+        if isinstance(exc, EvaluatorRejected) and exc.status_code == 409:
+            return ServiceFailure(  # started through another gateway, or a moment ago
+                "busy",
+                "A cell is still running in this session (or ended and its result was not read "
+                f"yet); this code did not run. {how_to_go_on(session.id)}",
+            )
         kind = failure_kind(exc)
         self.metrics.evaluator_errors.labels(kind).inc()
         message = explain(exc, running=running, workers=self.settings.backend_workers)

@@ -121,3 +121,13 @@ def test_what_the_gateway_holds_of_unread_output_is_bounded() -> None:
     assert text.startswith("line 0\n") and text.endswith("line 9999\n")
     assert len(text) < 300 and "characters not kept" in text
     assert held.take() == ""
+
+
+async def test_a_cell_started_elsewhere_is_said_to_run_when_the_service_refuses_another() -> None:
+    service = FakeService(info=CELLS)
+    async with gateway(service) as (_, client):
+        session_id = facts(await call(client))["session_id"]
+        service.fail(EvaluatorRejected(409, "Cell conflict", "a cell is running"))
+        refused = await call(client, "more()", session_id=session_id)
+    assert refused.is_error and "still running" in text_of(refused)
+    assert f'get_output(session_id="{session_id}")' in text_of(refused)
