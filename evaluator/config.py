@@ -154,7 +154,11 @@ class EvaluatorConfig(ConfigRules):
         Field(
             ge=0,
             le=1_000_000,
-            description='runs allowed to wait; one more gets an immediate "busy" (503)',
+            description="runs allowed to wait, shared between owners (`session_owner`; runs "
+            "without an owner count as one): a slot that comes free goes to a run of the owner "
+            "running the fewest (of those, the one served the longest ago), and one owner's runs "
+            "may fill at most three quarters of the queue while another owner has one running or "
+            'waiting; one more gets an immediate "busy" (503)',
         ),
         Flag("runs allowed to wait; one more is answered 503", default="4 x concurrency"),
     ] = None

@@ -103,7 +103,7 @@ class Dispatcher:
         self, command: list[str], request: EvalRequest, layers: list[Layer]
     ) -> EvalResult:
         pool = self._pool
-        async with self._slots.hold():
+        async with self._slots.hold(request.session_owner):
             # A warm agent has imported numpy and the rest already: a run whose packages
             # provide a module the environment has (maybe imported, maybe another version)
             # starts cold.
@@ -234,7 +234,7 @@ class Dispatcher:
     ) -> EvalResult:
         """Run a cell of ``session`` in its turn for a run slot (``cell``: read as it runs)."""
         live = self._live
-        async with self._slots.hold():
+        async with self._slots.hold(request.session_owner):
             started = time.monotonic()
             try:
                 result = await live.run(

@@ -281,7 +281,7 @@ class Evaluator:
         Raises:
             InvalidExecutable: ``executable_path`` does not exist in the sandbox, is not a file,
                 or is not executable.
-            QueueFull: every slot is busy and ``max_queue`` runs already wait.
+            QueueFull: every slot is busy and ``max_queue`` runs (or the owner's share) wait.
             SessionNotFound: the request resumes a session that is not live here.
             RuntimeError: :meth:`start` was not called, or :meth:`aclose` was.
 

@@ -1,11 +1,13 @@
-"""The run slots: a bounded number of runs at once, and a bounded queue of those waiting."""
+"""The run slots: a bounded number of runs at once, and a bounded queue of those waiting, shared
+fairly between session owners (:class:`serving.FairSlots`, its groups the requests'
+``session_owner``; requests without one count as one owner)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
+
+from serving import FairSlots, SlotsFull
 
 from .errors import QueueFull
 
@@ -13,45 +15,45 @@ __all__ = ["RunSlots"]
 
 
 class RunSlots:
-    """``concurrency`` runs at once; at most ``queue_limit`` wait, and one more is refused.
+    """``concurrency`` runs at once; at most ``queue_limit`` wait (one owner's at most three
+    quarters of them while another owner's run runs or waits), and one more is refused. A slot
+    that comes free goes to a waiting run of the owner running the fewest. A run waits until a
+    slot comes, however long.
 
     ``on_release``: called each time a run has given its slot back (the pool refills then).
     """
 
     def __init__(self, concurrency: int, queue_limit: int, on_release: Callable[[], None]) -> None:
-        self._slots = asyncio.Semaphore(concurrency)
-        self._concurrency = concurrency
-        self._queue_limit = queue_limit
-        self._on_release = on_release
-        #: Runs waiting for a slot, and runs holding one.
-        self.waiting = 0
-        self.running = 0
-        # When the last run ended (see SandboxPool.start_warming); none yet: idle since ever.
-        self._idle_since = float("-inf")
+        self._slots = FairSlots(concurrency, queue_limit, on_release=on_release)
+
+    @property
+    def running(self) -> int:
+        """Runs holding a slot."""
+        return self._slots.running
+
+    @property
+    def waiting(self) -> int:
+        """Runs waiting for a slot."""
+        return self._slots.waiting
 
     @contextlib.asynccontextmanager
-    async def hold(self) -> AsyncIterator[None]:
-        """Hold a slot for the block, waiting for one in the queue if need be.
+    async def hold(self, owner: str | None = None) -> AsyncIterator[None]:
+        """Hold a slot for the block on behalf of ``owner``, waiting for one in the queue if
+        need be.
 
         Raises:
-            QueueFull: every slot is busy and ``queue_limit`` runs already wait.
+            QueueFull: every slot is busy and ``queue_limit`` runs already wait, or the owner's
+                own fill its share of them.
         """
-        if self._slots.locked() and self.waiting >= self._queue_limit:
-            raise QueueFull(self._concurrency, self.waiting)
-        self.waiting += 1
         try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        self.running += 1
+            await self._slots.acquire(owner)
+        except SlotsFull as full:
+            raise QueueFull(self._slots.limit, full.waiting) from None
         try:
             yield
         finally:
-            self.running -= 1
-            self._idle_since = time.monotonic()
-            self._slots.release()
-            self._on_release()
+            self._slots.release(owner)
 
     def idle_since(self) -> float | None:
         """When the last run ended; ``None`` while a run is in progress."""
-        return None if self.running else self._idle_since
+        return self._slots.idle_since()

@@ -8,6 +8,8 @@
   (:class:`RequestDeadline`).
 - :mod:`serving.table`: a bounded table whose longest idle entries close to make room, fairly
   between groups, busy ones spared (:class:`BoundedTable`).
+- :mod:`serving.slots`: a bounded number of calls at once and a bounded wait queue, shared
+  fairly between groups (:class:`FairSlots`).
 
 The gateway (``python-mcp-server``) and the built-in evaluator (``python -m evaluator``) are
 each served with both bounds; the layering is checked by ``tests/test_layering.py``.
@@ -26,6 +28,7 @@ from .settings import (
     load,
     shown_default,
 )
+from .slots import FairSlots, SlotsFull, SlotTimeout
 from .table import BoundedTable, Entry, TableFull
 
 __all__ = [
@@ -33,10 +36,13 @@ __all__ = [
     "Entry",
     "EnvironmentSource",
     "ExplicitSettings",
+    "FairSlots",
     "Flag",
     "GuardedH11Protocol",
     "RequestDeadline",
     "SettingsError",
+    "SlotTimeout",
+    "SlotsFull",
     "TableFull",
     "add_flags",
     "comma_separated",

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -193,3 +194,38 @@ async def test_a_cell_read_as_it_runs_may_ask_for_the_long_time_limit() -> None:
             assert (text, final["returncode"]) == ("ok\n", 0)
             info = (await client.get("/info")).json()
             assert (info["time_limit"], info["long_time_limit"]) == (1, 120)
+
+
+async def test_a_flood_from_one_owner_does_not_queue_another_owners_run_behind_it() -> None:
+    """The run slots are shared between owners (``session_owner``): the slot a cell gives back
+    goes to the run of the owner running none, not to the first in line. Each run prints when
+    it started (one slot: one run after another), so the order of service is read, not times."""
+    async with Evaluator(
+        config(concurrency=1, max_queue=8, time_limit=TIME_LIMIT, preimport=(), max_sessions=2)
+    ) as evaluator:
+        transport = httpx.ASGITransport(create_app(evaluator))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://evaluator", timeout=120
+        ) as client:
+            # The flood's cell holds the only slot until it is interrupted.
+            hold = "import time\nwhile True:\n    time.sleep(0.05)"
+            assert (await start(client, "hold", hold, session_owner="flood"))["running"]
+            stamp = {"input": "import time; print(time.monotonic_ns())"}
+            runs = []
+            for owner in ("flood", "flood", "flood", "calm"):  # the other owner's run comes last
+                body = {**stamp, "session_owner": owner}
+                runs.append(asyncio.ensure_future(client.post("/eval", json=body)))
+                with anyio.fail_after(60):
+                    while evaluator._slots.waiting < len(runs):  # noqa: ASYNC110 - its own state
+                        await asyncio.sleep(0.01)
+            assert (await client.post("/sessions/hold/interrupt")).status_code == 204
+            with anyio.fail_after(120):
+                answers = await asyncio.gather(*runs)
+            _, final = await read_to_end(client, "hold")
+    assert final["ended_by"] == "interrupted"
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    started = {
+        int(a.json()["stdout"]): owner
+        for a, owner in zip(answers, ("f1", "f2", "f3", "calm"), strict=True)
+    }
+    assert [started[at] for at in sorted(started)] == ["calm", "f1", "f2", "f3"]

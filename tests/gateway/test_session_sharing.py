@@ -99,6 +99,7 @@ def test_sessions_of_clients_that_cannot_be_told_apart_share_one_share() -> None
 
 
 # --- evaluation slots ---------------------------------------------------------------------------
+# The rule itself is serving.FairSlots' (tests/serving/test_slots.py): here, the gateway's use.
 
 
 @pytest.mark.anyio
@@ -151,43 +152,4 @@ async def test_one_client_may_fill_three_quarters_of_the_wait_queue_beside_anoth
         await anyio.wait_all_tasks_blocked()
         assert admission.waiting == 4
         release.set()
-    assert (admission.in_flight, admission.waiting) == (0, 0)
-
-
-@pytest.mark.anyio
-async def test_a_client_alone_may_fill_the_whole_wait_queue() -> None:
-    admission = Admission(limit=1, max_waiting=4, max_wait=30)
-    release = anyio.Event()
-    call = functools.partial(_hold_a_slot, admission, release)
-    async with anyio.create_task_group() as calls:
-        for _ in range(5):  # one runs, four wait
-            calls.start_soon(call, "only")
-        await anyio.wait_all_tasks_blocked()
-        assert admission.waiting == 4
-        release.set()
-    assert (admission.in_flight, admission.waiting) == (0, 0)
-
-
-@pytest.mark.anyio
-async def test_a_slot_given_to_a_call_cancelled_meanwhile_passes_on() -> None:
-    admission = Admission(limit=1, max_waiting=4, max_wait=30)
-    got: list[str] = []
-    async with anyio.create_task_group() as calls:
-        async with admission.slot("a"):
-            waiter = anyio.CancelScope()
-
-            async def cancelled() -> None:
-                with waiter:
-                    async with admission.slot("b"):
-                        got.append("b")
-
-            async def patient() -> None:
-                async with admission.slot("c"):
-                    got.append("c")
-
-            calls.start_soon(cancelled)
-            calls.start_soon(patient)
-            await anyio.wait_all_tasks_blocked()
-        waiter.cancel()  # the slot was just handed to "b", which goes before it runs
-    assert got in (["c"], ["b", "c"])
     assert (admission.in_flight, admission.waiting) == (0, 0)
