@@ -134,24 +134,9 @@ class SnekboxClient:
                 limit.
         """
         wanted = request.content_wanted or ContentWanted(("*",), self.max_content_bytes)
-        reader = AnswerReader(
-            wanted,
-            max_answer_bytes=self.max_answer_bytes,
-            max_text_bytes=self.max_text_bytes,
-            max_files=self.max_files,
-        )
-        body = request.to_json()
         # A cell read as it runs is answered within its wait, which the service spends first.
         waited = self.timeout + extra_time + (request.wait or 0.0)
-        timeout = httpx.Timeout(waited, connect=self.connect_timeout)
-        async with self._exchange("POST", "/eval", replica, json=body, timeout=timeout) as response:
-            if response.status_code != 200:
-                raise _rejection(response.status_code, await _read_at_most(response))
-            async for chunk in response.aiter_bytes():
-                reader.feed(chunk)
-        if reader.bytes_read <= _DECODE_INLINE_BYTES:
-            return reader.result()
-        return await asyncio.to_thread(reader.result)
+        return await self._result("/eval", request.to_json(), wanted, replica, waited)
 
     async def read_output(
         self,
@@ -171,15 +156,28 @@ class SnekboxClient:
                 running or unread.
             The other errors of :meth:`eval`.
         """
+        path = f"/sessions/{quote(session, safe='')}/output"
+        wanted = ContentWanted(("*",), self.max_content_bytes)
         body = {"wait": wait, "early": early}
+        return await self._result(path, body, wanted, replica, self.timeout + wait)
+
+    async def _result(
+        self,
+        path: str,
+        body: dict[str, Any],
+        wanted: ContentWanted,
+        replica: str | None,
+        waited: float,
+    ) -> EvalResult:
+        """POST ``body`` to ``path`` and read its answer, an eval result, as it arrives
+        (keeping the contents ``wanted``), waiting ``waited`` seconds for it."""
         reader = AnswerReader(
-            ContentWanted(("*",), self.max_content_bytes),
+            wanted,
             max_answer_bytes=self.max_answer_bytes,
             max_text_bytes=self.max_text_bytes,
             max_files=self.max_files,
         )
-        path = f"/sessions/{quote(session, safe='')}/output"
-        timeout = httpx.Timeout(self.timeout + wait, connect=self.connect_timeout)
+        timeout = httpx.Timeout(waited, connect=self.connect_timeout)
         async with self._exchange("POST", path, replica, json=body, timeout=timeout) as response:
             if response.status_code != 200:
                 raise _rejection(response.status_code, await _read_at_most(response))

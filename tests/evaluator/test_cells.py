@@ -30,12 +30,9 @@ async def evaluator() -> AsyncIterator[Evaluator]:
 
 
 @pytest.fixture(scope="module")
-async def http(evaluator: Evaluator) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(create_app(evaluator))
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://evaluator", timeout=120
-    ) as client:
-        yield client
+def http(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """The API of this module's evaluator (conftest's client, on the evaluator above)."""
+    return client
 
 
 async def start(http: httpx.AsyncClient, session: str, code: str, **body: Any) -> dict[str, Any]:
