@@ -79,9 +79,10 @@ async def test_progress_messages_carry_the_newest_output(url: str, transport: st
             )
     found = facts(result)
     assert found["status"] == "ok"
-    assert found["stdout"].splitlines() == [f"line {i}" for i in range(20)]
-    shown = "\n".join(messages)
-    assert "newest output" in shown and "line 5" in shown, messages
+    assert found["stdout"].splitlines() == [f"line {i}" for i in range(30)]
+    # Which lines a message carries depends on when the reads fell (a loaded host may stall
+    # one): some line must come in one, and every line in the result.
+    assert any("newest output" in m and "line " in m for m in messages), messages
 
 
 async def test_a_run_past_its_wait_is_read_to_its_end_with_its_figure_and_files(
