@@ -62,7 +62,7 @@ async def read_to_end(client: Client, session_id: str) -> tuple[str, dict[str, A
 
 
 LINES = (
-    "import time\nfor i in range(20):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)\n"
+    "import time\nfor i in range(30):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)\n"
 )
 
 
