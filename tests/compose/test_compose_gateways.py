@@ -101,5 +101,5 @@ async def test_load_over_two_gateways() -> None:
     tally = await load.run([URL, URL_B], CLIENTS, CALLS)
     print(f"{STACK}, 2 gateways, {REPLICAS} replicas, {CLIENTS} clients: {tally.summary()}")
     assert tally.done == CLIENTS * CALLS
-    assert not tally.mixed_up and not tally.hung, tally.summary()
+    assert not tally.mixed_up and not tally.hung, (tally.summary(), tally.mixed_up)
     assert tally.ok == CLIENTS * CALLS, dict(tally.errors)
