@@ -265,18 +265,14 @@ class Calls:
     ) -> EvalResult:
         """Read ``session``'s running ``cell`` on from ``result`` until it ends (its session
         then forgets it) or ``until``."""
-        cell.reading = True
-        try:
-            result = await self.reads.follow(
-                result,
-                cell,
-                lambda wait, early: self.evaluations.read(session, wait, early),
-                ctx=call.ctx,
-                until=until,
-                session_id=session.id,
-            )
-        finally:
-            cell.reading = False
+        result = await self.reads.follow(
+            result,
+            cell,
+            lambda wait, early: self.evaluations.read(session, wait, early),
+            ctx=call.ctx,
+            until=until,
+            session_id=session.id,
+        )
         if not result.running:
             session.cell = None
         return result

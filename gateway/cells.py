@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mcp.server.mcpserver import Context
@@ -101,10 +101,6 @@ class PendingCell:
     time_limit_lowered: float | None
     #: Output read from the evaluator that no answer carried yet.
     unread: OutputSoFar
-    #: Whether a call is reading it now (the one that started it, or a ``get_output``).
-    reading: bool = False
-    #: Notes for its result beyond the choices' (how it was read).
-    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def start(
