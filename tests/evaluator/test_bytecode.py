@@ -43,8 +43,12 @@ def make_venv(root: Path, python: str) -> Path:
     env = root / "venv"
     subprocess.run([uv, "venv", "-q", "--python", python, env], check=True, cwd=root)
     interpreter = env / "bin" / "python"
+    # Copies, not uv's default hard links into its cache: these tests touch and append to
+    # six.py, which would change every venv (and the cache) sharing that inode, even those of
+    # tests running beside them on another worker.
     install: list[str | Path] = [
-        uv, "pip", "install", "-q", "--no-compile-bytecode", "--python", interpreter,
+        uv, "pip", "install", "-q", "--no-compile-bytecode", "--link-mode", "copy",
+        "--python", interpreter,
     ]  # fmt: skip
     subprocess.run([*install, *DISTRIBUTIONS], check=True, cwd=root, timeout=300)
     return interpreter
