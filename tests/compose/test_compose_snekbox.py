@@ -5,7 +5,8 @@ Runs when .ci/compose-test has started compose.yaml (COMPOSE_TEST_STACK=snekbox)
 from upstream's sources (docker/snekbox/source.Dockerfile), its container given the least set
 of capabilities (compose.yaml), three replicas. Its time limit is tested with the built-in
 evaluator's in test_compose_stack.py. Each limit is tested on both sides of its value, so a
-limit that is not enforced fails the test.
+limit that is not enforced fails the test. And the one change the image makes to Snekbox's
+code (docker/snekbox/drain_output.py), on the reader it changes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 
 import pytest
 
-from tests.compose.live import NO_STACK, STACK, URL, call
+from tests.compose.live import NO_STACK, STACK, URL, call, docker, replica_containers
 from tests.support import connect, text_of
 
 pytestmark = [
@@ -26,6 +27,26 @@ pytestmark = [
 
 #: docker/snekbox/snekbox.cfg (tests/compose/test_compose_static.py holds it to these).
 MEMORY_LIMIT_MIB, PIDS_LIMIT = 384, 64
+
+#: Snekbox's own reader, handed a process that has already exited with its output unread: what
+#: happens to a short run when the server's thread looks late (a busy host). Upstream reads
+#: nothing (the run's answer was ``returncode: 0``, empty stdout); the image reads it all.
+LATE_READER = """
+import subprocess, types
+from snekbox.nsjail import NsJail
+run = subprocess.Popen(["echo", "written"], stdout=subprocess.PIPE, text=True)
+run.wait()
+limits = types.SimpleNamespace(read_chunk_size=10_000, max_output_size=1_000_000)
+print("read:", repr(NsJail._consume_stdout(limits, run)))
+"""
+
+
+def test_output_is_read_after_nsjail_has_exited() -> None:
+    [replica, *_] = replica_containers()
+    done = docker(
+        "exec", "-w", "/snekbox", "-e", "PYTHONPATH=.", replica, "python", "-c", LATE_READER
+    )
+    assert "read: 'written\\n'" in done, done
 
 
 @pytest.mark.anyio
