@@ -1,0 +1,163 @@
+"""What the gateway adds in front of the real Snekbox: ``print(1)`` over MCP vs a plain POST /eval.
+
+The gateway runs as its own process with ``SNEKBOX_URL`` set to ``--snekbox-url`` (a Snekbox
+started beforehand: NsJail, one-shot runs; this bench starts no evaluator). Each way runs
+``print(1)`` N times, interleaved in one loop so that machine noise hits every way alike:
+
+- ``direct /eval``: the plain ``POST /eval {"input": "print(1)"}`` a Snekbox user would send,
+  with a bare ``httpx.AsyncClient`` (keep-alive, no proxies): the baseline every way is measured
+  against (what issue 31 compares with).
+- ``direct prelude``: the very request the gateway sends for that call (the prelude's boot file
+  and bundle), with the same client: what Snekbox itself takes for the gateway's request.
+- ``<gateway> HTTP`` and ``<gateway> SSE``: the tool called with the official MCP client
+  (``mcp.Client``) over Streamable HTTP and over SSE, each call without ``session_id`` (the
+  call starts a code session, as a model's first call does).
+
+Floors, in the same loop: a call of a tool that does not exist over each transport (the MCP
+stack, client and server, around a tool call that runs no gateway code and no evaluation).
+
+``--before DIR`` adds, side by side, the gateway of another checkout started the same way
+(``git worktree add /tmp/bench-before <commit>``). ``--log-level`` is the gateways'
+``MCP_LOG_LEVEL`` (default ``info``, the gateway's own default: one log line per call).
+
+    uv run python bench/bench_snekbox.py --snekbox-url http://127.0.0.1:8060 [-n 200]
+        [--before DIR] [--log-level info]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack, ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _common import ROOT, before_checkout, free_port, percentile, service_of
+from mcp import Client
+from mcp.client.sse import sse_client
+
+import plotting
+
+DIRECT = "direct /eval"
+#: Marks the ways that run no code: printed apart, as absolute times.
+FLOOR = " (floor)"
+
+
+async def measure(n: int, snekbox_url: str, gateways: dict[str, str]) -> dict[str, list[float]]:
+    """``gateways``: a name for each gateway's URL; each is called over both transports."""
+    async with AsyncExitStack() as stack:
+        direct = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=snekbox_url, trust_env=False, timeout=30)
+        )
+        prelude_body = plotting.build_request("print(1)").to_json()
+
+        async def via_direct() -> None:
+            response = await direct.post("/eval", json={"input": "print(1)"})
+            response.raise_for_status()
+            assert response.json()["stdout"] == "1\n", response.text
+
+        async def via_prelude() -> None:
+            response = await direct.post("/eval", json=prelude_body)
+            response.raise_for_status()
+            assert response.json()["stdout"] == "1\n", response.text
+
+        ways: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            (DIRECT, via_direct),
+            ("direct prelude", via_prelude),
+        ]
+        for name, url in gateways.items():
+            http = await stack.enter_async_context(Client(f"{url}/mcp"))
+            sse = await stack.enter_async_context(Client(sse_client(f"{url}/sse")))
+            ways += [
+                (f"{name} HTTP", via(http)),
+                (f"{name} SSE", via(sse)),
+                (f"{name} HTTP no tool{FLOOR}", no_tool(http)),
+                (f"{name} SSE no tool{FLOOR}", no_tool(sse)),
+            ]
+        samples: dict[str, list[float]] = {name: [] for name, _ in ways}
+        for _, way in ways:  # warm-up: connections, imports, Snekbox's first runs
+            for _ in range(3):
+                await way()
+        for i in range(n):
+            shift = i % len(ways)
+            for name, way in ways[shift:] + ways[:shift]:
+                started = time.perf_counter()
+                await way()
+                samples[name].append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def via(client: Client) -> Callable[[], Awaitable[None]]:
+    """Calls of the tool, each without ``session_id`` (a new code session each)."""
+    arguments: dict[str, Any] = {"code": "print(1)"}
+
+    async def call() -> None:
+        result = await client.call_tool("execute_python_code", arguments)
+        assert not result.is_error and result.structured_content is not None, result
+        assert result.structured_content["stdout"] == "1\n", result
+
+    return call
+
+
+def no_tool(client: Client) -> Callable[[], Awaitable[None]]:
+    """Calls of a tool the gateway does not have: the MCP round trip and nothing else."""
+
+    async def call() -> None:
+        result = await client.call_tool("no_such_tool", {})
+        assert result.is_error, result
+
+    return call
+
+
+def report(samples: dict[str, list[float]], checkouts: dict[str, Path], args: Any) -> None:
+    base50 = statistics.median(samples[DIRECT])
+    base95 = percentile(samples[DIRECT], 95)
+    print(
+        f"print(1), {args.n} calls each way, interleaved; times in ms; gateways on "
+        f"SNEKBOX_URL={args.snekbox_url}, MCP_LOG_LEVEL={args.log_level}"
+    )
+    for name, checkout in checkouts.items():
+        print(f"  {name}: {checkout}")
+    print(f"{'way':<20}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p95 - direct':>14}")
+    for name, values in samples.items():
+        if not name.endswith(FLOOR):
+            p50, p95 = statistics.median(values), percentile(values, 95)
+            print(f"{name:<20}{p50:8.1f}{p95:8.1f}{p50 - base50:14.1f}{p95 - base95:14.1f}")
+    print("floors, no code run (in the same loop):")
+    for name, values in samples.items():
+        if name.endswith(FLOOR):
+            p50, p95 = statistics.median(values), percentile(values, 95)
+            print(f"{name.removesuffix(FLOOR):<20}{p50:8.1f}{p95:8.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--snekbox-url", required=True, help="a running Snekbox, e.g. http://127.0.0.1:8060"
+    )
+    parser.add_argument("-n", type=int, default=200, help="calls per way (default 200)")
+    parser.add_argument("--before", help="a checkout of the 'before' commit, for its gateway")
+    parser.add_argument("--log-level", default="info", help="the gateways' MCP_LOG_LEVEL")
+    args = parser.parse_args()
+    before = before_checkout(args.before)
+    snekbox_url = args.snekbox_url.rstrip("/")
+    httpx.options(f"{snekbox_url}/eval", timeout=10).raise_for_status()  # it is there
+
+    checkouts = {"gateway": ROOT} | ({"before": before} if before else {})
+    env = {"SNEKBOX_URL": snekbox_url, "MCP_LOG_LEVEL": args.log_level}
+    with ExitStack() as stack:
+        gateways = {}
+        for name, checkout in checkouts.items():
+            port = free_port()
+            stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
+            gateways[name] = f"http://127.0.0.1:{port}"
+        samples = asyncio.run(measure(args.n, snekbox_url, gateways))
+    report(samples, checkouts, args)
+
+
+if __name__ == "__main__":
+    main()
