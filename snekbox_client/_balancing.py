@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from ._plain_http import PlainHTTPTransport
+
 __all__ = [
     "REPLICA",
     "AddressState",
@@ -29,6 +31,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The (path, address) pairs whose retargeted URL a transport keeps.
+_CACHED_URLS = 64
 
 #: The request extension that sends a request to one address (a replica holding a live
 #: session) instead of choosing.
@@ -124,6 +129,7 @@ class BalancingTransport(httpx.AsyncBaseTransport):
         self._resolved_at = -float("inf")
         self._resolving = asyncio.Lock()
         self._retired: list[_Address] = []
+        self._urls: dict[tuple[bytes, str], httpx.URL] = {}
 
     @property
     def addresses(self) -> tuple[AddressState, ...]:
@@ -218,7 +224,7 @@ class BalancingTransport(httpx.AsyncBaseTransport):
         # The same request (headers, Host included, body and timeouts) to the chosen address.
         retargeted = httpx.Request(
             request.method,
-            request.url.copy_with(host=address.address),
+            self._retargeted(request.url, address),
             headers=request.headers,
             stream=request.stream,
             extensions=request.extensions,
@@ -236,6 +242,17 @@ class BalancingTransport(httpx.AsyncBaseTransport):
             raise TypeError("the address's transport returned a synchronous stream")
         response.stream = _Counted(response.stream, lambda: self._release(address, evaluation))
         return response
+
+    def _retargeted(self, url: httpx.URL, address: _Address) -> httpx.URL:
+        """``url`` on ``address``: parsed once per path and address (httpx parses a URL again
+        for each copy, a tenth of a request's CPU), the first few kept."""
+        key = (url.raw_path, address.address)
+        retargeted = self._urls.get(key)
+        if retargeted is None:
+            retargeted = url.copy_with(host=address.address)
+            if len(self._urls) < _CACHED_URLS:
+                self._urls[key] = retargeted
+        return retargeted
 
     @staticmethod
     def _release(address: _Address, evaluation: bool) -> None:
@@ -277,7 +294,7 @@ class BalancingTransport(httpx.AsyncBaseTransport):
         for ip in sorted(set(found), key=_address_order):
             address = known.pop(ip, None)
             if address is None:
-                pool = httpx.AsyncHTTPTransport(limits=self._limits, trust_env=False)
+                pool = PlainHTTPTransport(self._limits)
                 address = _Address(ip, pool)
             addresses.append(address)
         if addresses != self._addresses:

@@ -40,6 +40,8 @@ _ERROR_BODY_BYTES = 64 * 1024
 #: An answer up to this size is decoded on the event loop: handing it to a thread (which keeps
 #: a large one's base64 and UTF-8 decoding off the loop) costs more than the decoding.
 _DECODE_INLINE_BYTES = 64 * 1024
+#: The request paths whose parsed URL a client keeps (``/eval``, ``/info`` ... come first).
+_CACHED_URLS = 16
 
 
 class SnekboxClient:
@@ -116,6 +118,13 @@ class SnekboxClient:
             # The answer is read as it comes: no compression to inflate in memory first.
             headers={"Accept-Encoding": "identity"},
         )
+        # Through the balancing transport, requests skip httpx's client (cookies, auth,
+        # redirects: none of which this API has), which costs more CPU than the rest of the
+        # request: see _exchange.
+        self._direct = isinstance(transport, BalancingTransport)
+        self._urls: dict[str, httpx.URL] = {}
+        self._json_headers = httpx.Headers(self._http.headers)
+        self._json_headers["Content-Type"] = "application/json"
 
     async def eval(
         self, request: EvalRequest, *, replica: str | None = None, extra_time: float = 0.0
@@ -279,8 +288,14 @@ class SnekboxClient:
         """
         try:
             extensions = {REPLICA: replica} if replica is not None else None
-            async with self._http.stream(method, path, extensions=extensions, **kwargs) as response:
-                yield response
+            if self._direct:
+                async with self._direct_stream(method, path, extensions, kwargs) as response:
+                    yield response
+            else:
+                async with self._http.stream(
+                    method, path, extensions=extensions, **kwargs
+                ) as response:
+                    yield response
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
                 raise EvaluatorUnavailable(self.base_url, "connection timed out") from exc
@@ -301,6 +316,50 @@ class SnekboxClient:
             raise InvalidResponse(f"the answer cannot be decoded: {_reason(exc)}") from exc
         except httpx.HTTPError as exc:  # what else httpx raises for an answer (redirects, ...)
             raise InvalidResponse(_reason(exc)) from exc
+
+    @asynccontextmanager
+    async def _direct_stream(
+        self,
+        method: str,
+        path: str,
+        extensions: dict[str, Any] | None,
+        options: dict[str, Any],
+    ) -> AsyncIterator[httpx.Response]:
+        """What ``self._http.stream`` does for this API's requests (``options``: its ``json``
+        and ``timeout``), straight to the transport: the URL parsed once per path, the body
+        encoded as httpx encodes JSON."""
+        if self._http.is_closed:
+            raise RuntimeError("Cannot send a request, as the client has been closed.")
+        assert self.transport is not None
+        url = self._urls.get(path)
+        if url is None:
+            url = httpx.URL(self.base_url + path)
+            if len(self._urls) < _CACHED_URLS:  # session paths vary: the first ones are kept
+                self._urls[path] = url
+        body = options.get("json")
+        if body is None:
+            headers, content = self._http.headers, None
+        else:
+            headers, content = self._json_headers, _json_body(body)
+        timeouts = (options.get("timeout") or self._http.timeout).as_dict()
+        request = httpx.Request(
+            method,
+            url,
+            headers=headers,
+            content=content,
+            extensions={"timeout": timeouts, **(extensions or {})},
+        )
+        response = await self.transport.handle_async_request(request)
+        response.request = request
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+
+def _json_body(value: Any) -> bytes:
+    """``value`` as httpx's ``json=`` encodes it."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _reason(exc: Exception) -> str:
