@@ -231,9 +231,11 @@ class EvaluatorConfig(ConfigRules):
         Field(
             ge=0,
             le=10_000,
-            description="sandboxes kept warm while idle, each used by one run; `0`: none",
+            description="sandboxes kept warm (made with spare CPU), each used by one run; a "
+            "run that finds none makes the evaluator keep one more, up to 4 times this, one "
+            "fewer after a minute without such a miss; `0`: none",
         ),
-        Flag("sandboxes kept warm while idle (interpreter started, PREIMPORT imported); 0: none"),
+        Flag("sandboxes kept warm (interpreter started, PREIMPORT imported), at least; 0: none"),
     ] = 2
     max_sessions: Annotated[
         int | None,

@@ -8,12 +8,20 @@ cgroup removal) runs in the background once the answer is produced, always, and
 
 Warm sandboxes (:meth:`SandboxPool.start_warming`) go further: bwrap and the interpreter are
 started, and the agent (:mod:`._agent`) imports the modules a run is likely to need, before the
-run arrives. They are made only with spare capacity: their cgroup has the least CPU weight until
-it is used (so their imports take only CPU time no run wants), or, without a cpu cgroup, they
-are made one at a time. Either way they are started only once no run has been in progress for
-:data:`WARM_AFTER_IDLE` seconds: under a steady stream of runs, the imports a run does not use
-would take CPU time from the service itself. A run takes a warm sandbox only once it is warm;
-else it takes a cold one, as without them.
+run arrives. They are made with spare CPU only, and made again as soon as one is taken, so that
+calls that come steadily find one warm:
+
+- with a cpu controller, in a cgroup of the least CPU weight until it is used: their imports
+  take only CPU time no run wants, so they are made at once, however busy the service is (a
+  saturated service makes no progress on them, and loses next to nothing to them);
+- without one, one at a time, started only while fewer runs are in progress than the service
+  has CPUs (a run's end tries again): a run then shares a CPU with one agent's imports at most.
+
+How many are kept follows demand: ``count`` (``EVALUATOR_WARM_SANDBOXES``) at the least; each
+run that wanted a warm sandbox and found none adds one, up to :data:`DEMAND_FACTOR` times
+``count``; after :data:`SHRINK_AFTER` seconds without such a miss, one fewer (the surplus warm
+one is disposed of). A run takes a warm sandbox only once it is warm; else it takes a cold
+one, as without them.
 """
 
 from __future__ import annotations
@@ -37,8 +45,14 @@ log = logging.getLogger(__name__)
 
 
 _ANSWER_FIRST = 0.002
-#: Seconds without a run in progress before warm sandboxes are started (see the module).
-WARM_AFTER_IDLE = 0.25
+#: Seconds into a run that took a warm sandbox after which its replacement is made, if the run's
+#: answer has not made it already (a short run's answer goes first; a long run's does not
+#: keep the pool short meanwhile).
+_REFILL_DURING = 0.1
+#: The most warm sandboxes demand may keep, as a multiple of the ``count`` asked for.
+DEMAND_FACTOR = 4
+#: Seconds without a run that found no warm sandbox, after which one fewer is kept.
+SHRINK_AFTER = 60.0
 
 
 class SandboxPool:
@@ -97,12 +111,14 @@ class SandboxPool:
         self._ready: list[Sandbox] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
-        # Warm sandboxes: the agent's command line, how many to keep, whether the service is
-        # idle; those still importing, and those ready.
+        # Warm sandboxes: the agent's command line, how many to keep at the least and now,
+        # whether a CPU is spare; the last miss; those still importing, and those ready.
         self._agent: Callable[[Workdir], list[str]] | None = None
+        self._warm_floor = 0
         self._warm_target = 0
-        self._idle_since: Callable[[], float | None] = lambda: None
-        self._warm_timer: asyncio.TimerHandle | None = None
+        self._spare_cpu: Callable[[], bool] = lambda: False
+        self._last_miss = 0.0
+        self._shrink_timer: asyncio.TimerHandle | None = None
         self._warming: list[Sandbox] = []
         self._warm: list[Sandbox] = []
         #: Runs that took a warm sandbox.
@@ -148,25 +164,38 @@ class SandboxPool:
         """Warm sandboxes waiting for a run."""
         return len(self._warm)
 
+    @property
+    def warm_target(self) -> int:
+        """Warm sandboxes kept now (see the module: it follows demand)."""
+        return self._warm_target
+
     def take_warm(self) -> Sandbox | None:
-        """A warm sandbox whose agent waits for its run, if there is one."""
+        """A warm sandbox whose agent waits for its run, if there is one; a miss makes the pool
+        keep one more (see the module). The caller refills the pool once its run has answered
+        (:meth:`retire`, :meth:`refill_soon`), or it is refilled :data:`_REFILL_DURING`
+        seconds into the run."""
         if not self._warm:
+            if self._agent is not None and self._warm_floor:
+                self._last_miss = time.monotonic()
+                limit = self._warm_floor * DEMAND_FACTOR
+                self._warm_target = min(limit, max(self._warm_target, 1) + 1)
             return None
         self.warm_taken += 1
+        asyncio.get_running_loop().call_later(_REFILL_DURING, self.refill)
         return self._warm.pop()
 
     def start_warming(
-        self,
-        agent: Callable[[Workdir], list[str]],
-        count: int,
-        idle_since: Callable[[], float | None],
+        self, agent: Callable[[Workdir], list[str]], count: int, spare_cpu: Callable[[], bool]
     ) -> None:
-        """Keep ``count`` warm sandboxes, running ``agent(workdir)`` (bwrap's command line).
+        """Keep ``count`` warm sandboxes at the least, running ``agent(workdir)`` (bwrap's
+        command line).
 
-        ``idle_since``: when (``time.monotonic()``) the last run ended, ``None`` while one is in
-        progress; the pool is refilled when a run ends, so it waits for idleness from there.
+        ``spare_cpu``: whether fewer runs are in progress than the service has CPUs; without a
+        cpu controller, a sandbox is warmed only then (see the module).
         """
-        self._agent, self._warm_target, self._idle_since = agent, count, idle_since
+        self._agent, self._spare_cpu = agent, spare_cpu
+        self._warm_floor = self._warm_target = count
+        self._last_miss = time.monotonic()
         self._warm_up()
 
     def prepare(self, *, warm: bool = False, session: bool = False) -> Sandbox:
@@ -201,22 +230,21 @@ class SandboxPool:
                 return
         self._warm_up()
 
+    def refill_soon(self) -> None:
+        """:meth:`refill` once the answer that is on its way has gone (see :meth:`_retire`)."""
+        if not self._closing:
+            asyncio.get_running_loop().call_later(_ANSWER_FIRST, self.refill)
+
     def _warm_up(self) -> None:
-        """Start warm sandboxes until ``count`` of them are warm or warming (see the module)."""
-        if self._agent is None or self._closing or self._warm_timer is not None:
+        """Start warm sandboxes until enough are warm or warming (see the module)."""
+        if self._agent is None or self._closing or not self._warm_target:
             return
-        idle_since = self._idle_since()
-        if idle_since is None:
-            return
-        wait = idle_since + WARM_AFTER_IDLE - time.monotonic()
-        if wait > 0:
-            self._warm_timer = asyncio.get_running_loop().call_later(wait, self._warm_later)
-            return
+        self._shrink()
         background = self._cgroups.cpu is not None
         while (
             not self._closing
             and len(self._warm) + len(self._warming) < self._warm_target
-            and (background or not self._warming)
+            and (background or (not self._warming and self._spare_cpu()))
         ):
             try:
                 # With a status pipe: a session may take it (see JailedProcess.become_session).
@@ -228,9 +256,25 @@ class SandboxPool:
             sandbox.process.release(self._agent(sandbox.workdir), None)
             sandbox.process.watch(self._watcher(sandbox))
 
-    def _warm_later(self) -> None:
-        self._warm_timer = None
-        self._warm_up()
+    def _shrink(self) -> None:
+        """One warm sandbox fewer per :data:`SHRINK_AFTER` seconds without a miss, down to the
+        ``count`` asked for; a surplus one waiting is disposed of."""
+        if self._warm_target <= self._warm_floor or self._closing:
+            return
+        now = time.monotonic()
+        if now - self._last_miss >= SHRINK_AFTER:
+            self._warm_target -= 1
+            self._last_miss = now
+            if len(self._warm) > self._warm_target:
+                self._spawn(self.dispose(self._warm.pop(0)))
+        if self._shrink_timer is None and self._warm_target > self._warm_floor:
+            # Also when no run comes to look: an idle service gives the memory back.
+            wait = self._last_miss + SHRINK_AFTER - now
+            self._shrink_timer = asyncio.get_running_loop().call_later(wait, self._shrink_later)
+
+    def _shrink_later(self) -> None:
+        self._shrink_timer = None
+        self._shrink()
 
     def _watcher(self, sandbox: Sandbox) -> Callable[[bytes], bool]:
         """What reads a warming agent's output: the launcher's mount, then the agent's WARM."""
@@ -249,6 +293,8 @@ class SandboxPool:
             if not expected:
                 self._warming.remove(sandbox)
                 self._warm.append(sandbox)
+                # Without a cpu controller the next starts now (one at a time).
+                asyncio.get_running_loop().call_soon(self._warm_up)
                 return False
             if pending or not chunk:
                 return self._warming_failed(sandbox, bytes(pending) or b"(exited)")
@@ -273,9 +319,9 @@ class SandboxPool:
     async def aclose(self) -> None:
         """Wait for every disposal, then dispose of the ready sandboxes."""
         self._closing = True
-        if self._warm_timer is not None:
-            self._warm_timer.cancel()
-            self._warm_timer = None
+        if self._shrink_timer is not None:
+            self._shrink_timer.cancel()
+            self._shrink_timer = None
         while self._tasks:
             # Removed here, not only by their done callbacks: gathering tasks that are all done
             # already returns without yielding to the loop, which would never run those

@@ -263,15 +263,13 @@ class Evaluator:
     def _start_warming(self, pool: SandboxPool) -> None:
         """Start the warm sandboxes (once matplotlib's font list is built: a warm agent
         importing pyplot would otherwise build its own)."""
-        commands = self._commands
-        if commands is not None and self.config.warm_sandboxes and not self._closing:
-            pool.start_warming(
-                commands.agent_argv, self.config.warm_sandboxes, self._slots.idle_since
-            )
+        count, commands = self.config.warm_sandboxes, self._commands
+        if commands is not None and count and not self._closing:
+            pool.start_warming(commands.agent_argv, count, self._slots.spare_cpu)
 
     def _refill(self) -> None:
-        """After each run: warm sandboxes are made only while no run is in progress, and a
-        session's cell retires no sandbox, whose disposal would otherwise refill the pool."""
+        """After each run, which may leave a CPU spare (see :mod:`.pool`); a session's cell
+        retires no sandbox, whose disposal would otherwise refill the pool."""
         if self._pool is not None and not self._closing:
             self._pool.refill()
 

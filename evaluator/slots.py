@@ -5,6 +5,7 @@ fairly between session owners (:class:`serving.FairSlots`, its groups the reques
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable
 
 from serving import FairSlots, SlotsFull
@@ -25,11 +26,16 @@ class RunSlots:
 
     def __init__(self, concurrency: int, queue_limit: int, on_release: Callable[[], None]) -> None:
         self._slots = FairSlots(concurrency, queue_limit, on_release=on_release)
+        self._cpus = min(concurrency, _cpus())
 
     @property
     def running(self) -> int:
         """Runs holding a slot."""
         return self._slots.running
+
+    def spare_cpu(self) -> bool:
+        """Whether fewer runs hold a slot than this process has CPUs (and slots)."""
+        return self._slots.running < self._cpus
 
     @property
     def waiting(self) -> int:
@@ -54,6 +60,10 @@ class RunSlots:
         finally:
             self._slots.release(owner)
 
-    def idle_since(self) -> float | None:
-        """When the last run ended; ``None`` while a run is in progress."""
-        return self._slots.idle_since()
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1

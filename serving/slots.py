@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 
 import anyio
@@ -89,8 +88,6 @@ class FairSlots:
         #: When each group running or waiting was last given a slot (a count of grants).
         self._served: dict[Hashable, int] = {}
         self._grants = 0
-        # When the last slot was given back; none yet: idle since ever.
-        self._idle_since = float("-inf")
 
     @property
     def running(self) -> int:
@@ -108,11 +105,6 @@ class FairSlots:
         quarters of ``max_waiting``, rounded up (``None``: that is the whole queue)."""
         share = -(-self.max_waiting * 3 // 4)
         return share if share < self.max_waiting else None
-
-    def idle_since(self) -> float | None:
-        """When the last slot was given back (``time.monotonic()``); ``None`` while one is
-        held."""
-        return None if self.running else self._idle_since
 
     @contextlib.asynccontextmanager
     async def hold(self, group: Hashable = None) -> AsyncIterator[None]:
@@ -161,7 +153,6 @@ class FairSlots:
         if self._running[group] <= 0:
             del self._running[group]
             self._forget_if_gone(group)
-        self._idle_since = time.monotonic()
         if self._queue:
 
             def rank(index: int) -> tuple[int, int, int]:

@@ -17,10 +17,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from evaluator import Evaluator
-from evaluator.config import MiB
+from evaluator import Evaluator, pool, startup
+from evaluator.cgroups import Cgroups
+from evaluator.config import EvaluatorConfig, MiB
 from evaluator.limits import ADDRESS_SPACE_HEADROOM
-from evaluator.pool import WARM_AFTER_IDLE
 from snekbox_client import EvalRequest, EvalResult, File
 from tests.gateway.harness import WARM_AGENT, descendants
 from tests.support import sandbox_home
@@ -209,20 +209,94 @@ async def test_warming_that_fails_turns_itself_off_and_runs_go_on() -> None:
         assert (result.returncode, result.stdout, ev.warm_sandboxes) == (0, "cold\n", 0)
 
 
-async def test_warming_waits_until_runs_stop_coming() -> None:
-    """Under a steady stream of runs no sandbox is warmed (it would take the service's CPU)."""
-    async with Evaluator(config(warm_sandboxes=1, preimport=("json",))) as warm:
+async def test_a_taken_sandbox_is_warmed_again_while_runs_go_on() -> None:
+    """Calls that come steadily find a warm sandbox: one taken is made again while another run
+    is in progress, not only once the service is idle. With a cpu controller it warms at the
+    least weight; without one, because a CPU is spare (one run of two slots, two CPUs)."""
+    async with Evaluator(config(time_limit=300, warm_sandboxes=1, preimport=("json",))) as warm:
         await until_warm(warm)
-        await warm.run(EvalRequest(args=("-c", "pass")))
-        assert (warm.warm_runs, warm.warm_sandboxes) == (1, 0)
-        # Runs a client's round trip apart for several times the idle delay: nothing warms.
-        stream_ends = time.monotonic() + 6 * WARM_AFTER_IDLE
-        while time.monotonic() < stream_ends:
-            result = await warm.run(EvalRequest(args=("-c", "pass")))
-            assert result.returncode == 0, result.stdout
-            await asyncio.sleep(WARM_AFTER_IDLE / 10)
-        assert (warm.warm_runs, warm.warm_sandboxes) == (1, 0)
-        await until_warm(warm)  # and once they stop, it does
+        code = "import time\ntime.sleep(300)"
+        holding = asyncio.ensure_future(warm.run(EvalRequest(args=("-c", code))))
+        try:
+            with anyio.fail_after(240):  # the warm one took the long run: one more warms
+                while warm.warm_runs < 1:  # noqa: ASYNC110 - nothing to wait on
+                    await asyncio.sleep(0.05)
+                await until_warm(warm)
+            assert not holding.done(), "the service was idle: this tests nothing"
+        finally:
+            holding.cancel()
+
+
+def without_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evaluators started from now on see no cpu hierarchy (as root without one, or an ordinary
+    user without a delegated cpu controller)."""
+    detect = startup.detect_cgroups
+
+    def detect_without_cpu(config: EvaluatorConfig) -> Cgroups:
+        found = detect(config)
+        kept = {k: v for k, v in found._hierarchies.items() if k != "cpu"}
+        return Cgroups(kept, found.version if kept else None)
+
+    monkeypatch.setattr(startup, "detect_cgroups", detect_without_cpu)
+
+
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu controller", "no cpu controller"])
+async def test_saturated_a_sandbox_warms_only_at_the_least_weight(
+    cpu: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot running a run: a sandbox warms only at the least CPU weight (cpu controller),
+    never as an equal of the runs (without one)."""
+    if not cpu:
+        without_cpu(monkeypatch)
+    settings = config(time_limit=300, warm_sandboxes=1, preimport=("json",), concurrency=1)
+    async with Evaluator(settings) as ev:
+        assert ev._pool is not None
+        if cpu and ev._pool._cgroups.cpu is None:
+            pytest.skip("no cpu controller here (the other case runs)")
+        assert (ev._pool._cgroups.cpu is not None) == cpu
+        await until_warm(ev)
+        code = "import time\ntime.sleep(300)"
+        holding = asyncio.ensure_future(ev.run(EvalRequest(args=("-c", code))))
+        try:
+            with anyio.fail_after(240):
+                while ev.warm_runs < 1:  # noqa: ASYNC110 - nothing to wait on
+                    await asyncio.sleep(0.05)
+                if cpu:
+                    await until_warm(ev)
+                else:
+                    await asyncio.sleep(1)  # past the refill during the run
+                    assert ev.warm_sandboxes == 0 and not ev._pool._warming
+            assert not holding.done()
+        finally:
+            holding.cancel()
+        if not cpu:  # its slot back: a CPU is spare, and the sandbox warms
+            await until_warm(ev)
+
+
+async def test_the_pool_follows_demand_and_gives_the_memory_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run that finds no warm sandbox makes the pool keep one more (up to DEMAND_FACTOR
+    times the setting); without such a miss for SHRINK_AFTER seconds, one fewer, the surplus
+    disposed of."""
+    monkeypatch.setattr(pool, "SHRINK_AFTER", 3600.0)  # until both are warm (a loaded host)
+    async with Evaluator(config(warm_sandboxes=1, preimport=("json",))) as ev:
+        assert ev._pool is not None
+        await until_warm(ev)
+        for _ in range(20):  # again if a host slow to start the second made one meanwhile
+            both = await asyncio.gather(  # one takes the warm sandbox, the other finds none
+                ev.run(EvalRequest(args=("-c", "pass"))), ev.run(EvalRequest(args=("-c", "pass")))
+            )
+            assert [r.returncode for r in both] == [0, 0]
+            if ev._pool.warm_target > 1:
+                break
+        grown = ev._pool.warm_target
+        assert 2 <= grown <= pool.DEMAND_FACTOR
+        await until_warm(ev, grown)
+        monkeypatch.setattr(pool, "SHRINK_AFTER", 0.2)
+        await asyncio.sleep(0.3)
+        ev._pool._shrink()  # as its timer (set an hour ahead above) or the next run would
+        assert (ev._pool.warm_target, ev.warm_sandboxes) == (grown - 1, grown - 1)
 
 
 async def test_a_warm_sandbox_a_session_took_is_made_again_once_its_cell_ended() -> None:

@@ -176,17 +176,22 @@ async def test_waits_counted_for_something_else_fill_the_queue_too() -> None:
     assert (slots.running, slots.waiting) == (0, 0)
 
 
-async def test_each_release_is_told_and_idle_since_reads_none_while_a_slot_is_held() -> None:
+async def test_each_release_is_told_once_the_slot_is_given_on() -> None:
+    """The callback sees the slot freed, or already given to a waiting call (the pool then
+    knows whether a CPU is spare)."""
     released: list[int] = []
-    slots = FairSlots(limit=2, max_waiting=1, on_release=lambda: released.append(slots.running))
-    assert slots.idle_since() == float("-inf")
+    slots = FairSlots(limit=1, max_waiting=1, on_release=lambda: released.append(slots.running))
     async with slots.hold("a"):
-        assert slots.idle_since() is None
-        async with slots.hold("b"):
-            pass
-        assert released == [1] and slots.idle_since() is None
-    idle = slots.idle_since()
-    assert released == [1, 0] and idle is not None and idle > float("-inf")
+        pass
+    assert released == [0]
+    async with anyio.create_task_group() as group:
+        await slots.acquire("a")
+        group.start_soon(slots.acquire, "b")
+        await anyio.wait_all_tasks_blocked()
+        slots.release("a")  # straight to b: still one running
+        assert released == [0, 1]
+    slots.release("b")
+    assert released == [0, 1, 0]
 
 
 def test_a_limit_below_one_is_refused() -> None:
