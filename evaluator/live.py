@@ -155,6 +155,7 @@ class LiveSessions:
         """
         self.expire()
         session = self._table.get(session_id)
+        started = session is None
         if session is None:
             if request.session_resume and session_id not in self._starting:
                 raise SessionNotFound(session_id)
@@ -166,6 +167,25 @@ class LiveSessions:
                 None,
                 session_ended=False,
             )
+        try:
+            return await self._run_in(session, args, request, time_limit, layers, cell)
+        finally:
+            if started:
+                # The sandbox it took is made again once this cell has answered, as after a
+                # one-shot run: making it first would delay the cell.
+                self._pool.refill_soon()
+
+    async def _run_in(
+        self,
+        session: _Session,
+        args: list[str],
+        request: EvalRequest,
+        time_limit: float,
+        layers: Sequence[Layer],
+        cell: Cell | None,
+    ) -> EvalResult:
+        """Run a cell in ``session`` once the cell before has ended (see :meth:`run`)."""
+        session_id = session.id
         async with session.lock:
             if session.retired and request.session_resume:
                 raise SessionNotFound(session_id)
@@ -253,7 +273,6 @@ class LiveSessions:
                 if sandbox.cgroup is not None:
                     sandbox.cgroup.foreground()
                 sandbox.process.become_session()
-                self._pool.refill()
             else:
                 sandbox = await self._start_cold(executable)
             if self._closed:  # the service stopped while it started
