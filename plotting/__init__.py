@@ -32,6 +32,7 @@ by code the user controls: :func:`read_manifest` treats it as hostile.
 """
 
 import ast
+import base64
 import functools
 import hashlib
 import importlib.resources
@@ -187,12 +188,23 @@ def prelude_files(code: bytes, *, later_cell: bool = False) -> tuple[File, File]
     sent it), the cell ends before the code runs, as :func:`prelude_missing` tells, and is to be
     sent again whole.
     """
-    boot, (magic, prelude_code, prelude_source), tail, digest = _prelude_parts()
+    _, (magic, prelude_code, prelude_source), tail, digest = _prelude_parts()
+    boot_file, tail_base64 = _encoded_parts()
     if later_cell:
         head = marshal.dumps((magic, b"", b"", code, 0, digest), 4)
-        return File(PRELUDE_NAME, boot), File(BUNDLE_NAME, head)
+        return boot_file, File(BUNDLE_NAME, head)
     head = marshal.dumps((magic, prelude_code, prelude_source, code, len(tail), digest), 4)
-    return File(PRELUDE_NAME, boot), File(BUNDLE_NAME, head + tail)
+    # Padded to whole base64 quanta (marshal ignores what follows the head, and the tail is
+    # read from the end), the bundle's base64 is the head's and the tail's, encoded once.
+    head += b"\0" * (-len(head) % 3)
+    return boot_file, File.encoded(BUNDLE_NAME, head + tail, base64.b64encode(head) + tail_base64)
+
+
+@functools.cache
+def _encoded_parts() -> tuple[File, bytes]:
+    """The first file, and the bundle's tail in base64: the same in every request."""
+    boot, _, tail, _ = _prelude_parts()
+    return File(PRELUDE_NAME, boot), base64.b64encode(tail)
 
 
 def prelude_missing(result: EvalResult) -> bool:

@@ -22,6 +22,7 @@ from ._exceptions import (
     InvalidResponse,
     ReplicaGone,
 )
+from ._fields import json_body
 from ._info import ServiceInfo
 from ._request import ContentWanted, EvalRequest
 from ._result import EvalResult
@@ -145,7 +146,7 @@ class SnekboxClient:
         wanted = request.content_wanted or ContentWanted(("*",), self.max_content_bytes)
         # A cell read as it runs is answered within its wait, which the service spends first.
         waited = self.timeout + extra_time + (request.wait or 0.0)
-        return await self._result("/eval", request.to_json(), wanted, replica, waited)
+        return await self._result("/eval", request.to_bytes(), wanted, replica, waited)
 
     async def read_output(
         self,
@@ -167,18 +168,18 @@ class SnekboxClient:
         """
         path = f"/sessions/{quote(session, safe='')}/output"
         wanted = ContentWanted(("*",), self.max_content_bytes)
-        body = {"wait": wait, "early": early}
+        body = json_body({"wait": wait, "early": early})
         return await self._result(path, body, wanted, replica, self.timeout + wait)
 
     async def _result(
         self,
         path: str,
-        body: dict[str, Any],
+        body: bytes,
         wanted: ContentWanted,
         replica: str | None,
         waited: float,
     ) -> EvalResult:
-        """POST ``body`` to ``path`` and read its answer, an eval result, as it arrives
+        """POST ``body`` (JSON) to ``path`` and read its answer, an eval result, as it arrives
         (keeping the contents ``wanted``), waiting ``waited`` seconds for it."""
         reader = AnswerReader(
             wanted,
@@ -187,7 +188,7 @@ class SnekboxClient:
             max_files=self.max_files,
         )
         timeout = httpx.Timeout(waited, connect=self.connect_timeout)
-        async with self._exchange("POST", path, replica, json=body, timeout=timeout) as response:
+        async with self._exchange("POST", path, replica, body=body, timeout=timeout) as response:
             if response.status_code != 200:
                 raise _rejection(response.status_code, await _read_at_most(response))
             async for chunk in response.aiter_bytes():
@@ -292,6 +293,9 @@ class SnekboxClient:
                 async with self._direct_stream(method, path, extensions, kwargs) as response:
                     yield response
             else:
+                if "body" in kwargs:  # JSON, encoded
+                    kwargs["content"] = kwargs.pop("body")
+                    kwargs["headers"] = {"Content-Type": "application/json"}
                 async with self._http.stream(
                     method, path, extensions=extensions, **kwargs
                 ) as response:
@@ -325,9 +329,9 @@ class SnekboxClient:
         extensions: dict[str, Any] | None,
         options: dict[str, Any],
     ) -> AsyncIterator[httpx.Response]:
-        """What ``self._http.stream`` does for this API's requests (``options``: its ``json``
-        and ``timeout``), straight to the transport: the URL parsed once per path, the body
-        encoded as httpx encodes JSON."""
+        """What ``self._http.stream`` does for this API's requests (``options``: its JSON
+        ``body``, encoded, and ``timeout``), straight to the transport: the URL parsed once
+        per path."""
         if self._http.is_closed:
             raise RuntimeError("Cannot send a request, as the client has been closed.")
         assert self.transport is not None
@@ -336,11 +340,8 @@ class SnekboxClient:
             url = httpx.URL(self.base_url + path)
             if len(self._urls) < _CACHED_URLS:  # session paths vary: the first ones are kept
                 self._urls[path] = url
-        body = options.get("json")
-        if body is None:
-            headers, content = self._http.headers, None
-        else:
-            headers, content = self._json_headers, _json_body(body)
+        content = options.get("body")
+        headers = self._http.headers if content is None else self._json_headers
         timeouts = (options.get("timeout") or self._http.timeout).as_dict()
         request = httpx.Request(
             method,
@@ -355,11 +356,6 @@ class SnekboxClient:
             yield response
         finally:
             await response.aclose()
-
-
-def _json_body(value: Any) -> bytes:
-    """``value`` as httpx's ``json=`` encodes it."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _reason(exc: Exception) -> str:

@@ -4,6 +4,7 @@ the checks of JSON values the models share."""
 from __future__ import annotations
 
 import base64
+import json
 import math
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "base64_text",
     "is_int",
     "is_number",
+    "json_body",
 ]
 
 #: The request field of :class:`ContentWanted`: this project's extension of Snekbox's request.
@@ -59,6 +61,11 @@ RUNNING_FIELD = "running"
 #: The answer field of :data:`EndedBy`: this project's extension of Snekbox's answer, which the
 #: built-in evaluator sends and Snekbox does not.
 ENDED_BY_FIELD = "ended_by"
+
+
+def json_body(value: Any) -> bytes:
+    """``value`` as a request's JSON body, encoded as httpx encodes ``json=``."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def base64_text(data: bytes) -> str:
