@@ -8,17 +8,17 @@ pays for opening one too. This transport does what those requests need and no mo
 chunked, or to the end of the connection), connections kept alive when the service allows
 (the built-in evaluator under uvicorn) and dropped when it says ``Connection: close`` (Snekbox).
 (h11 would parse the same answers for about 90 µs more per request: the framing rules it
-enforces are enforced here, see :func:`_framing`.)
+enforces are enforced here, see :mod:`._http_head`.)
 
-The service's answer is untrusted: a head is at most :data:`_MAX_HEAD_BYTES` long with at most
-:data:`_MAX_FIELDS` fields, after at most :data:`_MAX_INTERIM` informational answers; its
-framing must be unambiguous (one ``Content-Length``, or ``Transfer-Encoding: chunked`` alone,
-which wins over a ``Content-Length`` but then the connection is not reused); its body reaches
-the caller in pieces of at most :data:`_READ_BYTES`, each read within the request's ``read``
-timeout (per read, as httpx's: a server trickling bytes is bounded by the caller's own size and
-time limits). A connection goes back to the pool only when its answer was read to its last
-byte, nothing more came, and the server allows it; anything else (an error, a cancellation, a
-caller that stops reading) closes it.
+The service's answer is untrusted: its head is read and checked by :mod:`._http_head` (bounded
+in size, fields and informational answers before it); its framing must be unambiguous (one
+``Content-Length``, or ``Transfer-Encoding: chunked`` alone, which wins over a
+``Content-Length`` but then the connection is not reused); its body reaches the caller in
+pieces of at most :data:`_READ_BYTES`, each read within the request's ``read`` timeout (per
+read, as httpx's: a server trickling bytes is bounded by the caller's own size and time
+limits). A connection goes back to the pool only when its answer was read to its last byte,
+nothing more came, and the server allows it; anything else (an error, a cancellation, a caller
+that stops reading) closes it.
 
 It raises httpx's own exceptions (``ConnectError``, ``ReadTimeout``, ``RemoteProtocolError``
 ...), so that :class:`~snekbox_client.BalancingTransport` and the client tell failures apart as
@@ -36,22 +36,13 @@ from typing import Any
 
 import httpx
 
+from ._http_head import MAX_HEAD_BYTES, framing, read_head, within
+
 __all__ = ["PlainHTTPTransport"]
 
-#: The largest answer head read (status line and headers), and the most bytes of trailers; also
-#: the longest line (a chunk's size) read.
-_MAX_HEAD_BYTES = 64 * 1024
-#: The most fields in an answer's head.
-_MAX_FIELDS = 256
-#: The most informational (1xx) answers before the final one.
-_MAX_INTERIM = 8
 #: The most bytes read from the socket at once.
 _READ_BYTES = 64 * 1024
 
-#: A field name (RFC 9110, 5.1: a token).
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-#: A ``Content-Length`` (decimal digits only: no sign, no spaces, no ``_``), below 10**18.
-_LENGTH = re.compile(rb"[0-9]{1,18}")
 #: A chunk's size line: hex digits only (below 16**15), extensions after ``;`` ignored.
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")
 
@@ -114,7 +105,7 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         try:
-            await _within(self._slots.acquire(), timeouts.get("pool"))
+            await within(self._slots.acquire(), timeouts.get("pool"))
         except TimeoutError:
             raise httpx.PoolTimeout("no connection came free in time", request=request) from None
         try:
@@ -137,11 +128,11 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
         doing = "write"
         try:
             connection.writer.write(data)
-            await _within(connection.writer.drain(), timeouts.get("write"))
+            await within(connection.writer.drain(), timeouts.get("write"))
             doing = "read"
             read = timeouts.get("read")
-            status, reason, version, headers = await _read_head(connection.reader, read, request)
-            length, chunked, reusable = _framing(request, status, version, headers)
+            status, reason, version, headers = await read_head(connection.reader, read, request)
+            length, chunked, reusable = framing(request, status, version, headers)
             stream = _Body(self, connection, request, length, chunked, reusable, read)
             return httpx.Response(
                 status,
@@ -168,8 +159,8 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
     async def _connect(self, request: httpx.Request, seconds: float | None) -> _Connection:
         url = request.url
         try:
-            reader, writer = await _within(
-                asyncio.open_connection(url.host, url.port or 80, limit=_MAX_HEAD_BYTES), seconds
+            reader, writer = await within(
+                asyncio.open_connection(url.host, url.port or 80, limit=MAX_HEAD_BYTES), seconds
             )
         except TimeoutError:
             raise httpx.ConnectTimeout("connection timed out", request=request) from None
@@ -282,15 +273,15 @@ class _Body(httpx.AsyncByteStream):
         trailers = 0  # read and dropped, within the bounds of a head
         while (line := await self._read(reader.readuntil(b"\r\n"))) != b"\r\n":
             trailers += len(line)
-            if trailers > _MAX_HEAD_BYTES:
+            if trailers > MAX_HEAD_BYTES:
                 raise httpx.RemoteProtocolError(
-                    f"the answer's trailers are longer than {_MAX_HEAD_BYTES} bytes",
+                    f"the answer's trailers are longer than {MAX_HEAD_BYTES} bytes",
                     request=self._request,
                 )
 
     async def _read(self, reading: Any) -> Any:
         try:
-            return await _within(reading, self._timeout)
+            return await within(reading, self._timeout)
         except TimeoutError:
             raise httpx.ReadTimeout(
                 "the answer did not come in time", request=self._request
@@ -300,142 +291,6 @@ class _Body(httpx.AsyncByteStream):
         connection, self._connection = self._connection, None
         if connection is not None:
             self._transport._release(connection, self._reusable and self._done)
-
-
-async def _within(awaitable: Any, seconds: float | None) -> Any:
-    """``await awaitable``, raising ``TimeoutError`` after ``seconds`` (``None``: never)."""
-    if seconds is None:
-        return await awaitable
-    async with asyncio.timeout(seconds):
-        return await awaitable
-
-
-async def _read_head(
-    reader: asyncio.StreamReader, seconds: float | None, request: httpx.Request
-) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
-    """The status, reason, HTTP version and headers of the answer, after at most
-    :data:`_MAX_INTERIM` informational ones (skipped); each head within ``seconds``."""
-    for _ in range(_MAX_INTERIM + 1):
-        try:
-            head = await _within(reader.readuntil(b"\r\n\r\n"), seconds)
-        except TimeoutError:
-            raise httpx.ReadTimeout("no answer came in time", request=request) from None
-        except asyncio.IncompleteReadError as exc:
-            message = (
-                "Server disconnected without sending a response."
-                if not exc.partial
-                else "the server closed the connection in the middle of the answer's head"
-            )
-            raise httpx.RemoteProtocolError(message, request=request) from None
-        except asyncio.LimitOverrunError:
-            raise httpx.RemoteProtocolError(
-                f"the answer's head is longer than {_MAX_HEAD_BYTES} bytes", request=request
-            ) from None
-        status, reason, version, headers = _parse_head(head, request)
-        if status == 101:
-            raise httpx.RemoteProtocolError("the server switched protocols", request=request)
-        if status >= 200:
-            return status, reason, version, headers
-    raise httpx.RemoteProtocolError(
-        f"more than {_MAX_INTERIM} informational answers", request=request
-    )
-
-
-def _parse_head(
-    head: bytes, request: httpx.Request
-) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
-    """The status, reason, version and fields of a head (ending with its blank line)."""
-    lines = head.count(b"\n")
-    if head.count(b"\r") != lines or head.count(b"\r\n") != lines or b"\0" in head:
-        raise httpx.RemoteProtocolError(
-            "a bare CR or LF, or a NUL, in the answer's head", request=request
-        )
-    if lines - 2 > _MAX_FIELDS:
-        raise httpx.RemoteProtocolError(
-            f"more than {_MAX_FIELDS} fields in the answer's head", request=request
-        )
-    status_line, *fields = head[:-4].split(b"\r\n")
-    version, _, rest = status_line.partition(b" ")
-    code, _, reason = rest.partition(b" ")
-    if (
-        len(version) != 8
-        or not version.startswith(b"HTTP/1.")
-        or not version[7:].isdigit()
-        or len(code) != 3
-        or not code.isdigit()
-        or code < b"100"
-    ):
-        line = status_line[:80]
-        raise httpx.RemoteProtocolError(f"not an HTTP/1.1 answer: {line!r}", request=request)
-    headers: list[tuple[bytes, bytes]] = []
-    for line in fields:
-        if line[:1] in (b" ", b"\t"):
-            # obs-fold: the previous field's value goes on, after a space (RFC 9112, 5.2).
-            if not headers:
-                raise httpx.RemoteProtocolError(
-                    f"the answer's fields start with a continuation {line[:80]!r}",
-                    request=request,
-                )
-            name, value = headers[-1]
-            headers[-1] = (name, (value + b" " + line.strip(b" \t")).strip(b" \t"))
-            continue
-        name, colon, value = line.partition(b":")
-        if not colon or _TOKEN.fullmatch(name) is None:
-            raise httpx.RemoteProtocolError(f"invalid header {line[:80]!r}", request=request)
-        headers.append((name, value.strip(b" \t")))
-    return int(code), reason, version, headers
-
-
-def _framing(
-    request: httpx.Request, status: int, version: bytes, headers: list[tuple[bytes, bytes]]
-) -> tuple[int | None, bool, bool]:
-    """How the answer's body ends (RFC 9112, 6.3): its length (``None``: chunked, or at the
-    end of the connection), whether it is chunked, and whether its connection may be reused.
-
-    Raises:
-        httpx.RemoteProtocolError: the framing is not one the answer can be trusted with: an
-            invalid or conflicting ``Content-Length``, a transfer coding other than chunked.
-    """
-    length: int | None = None
-    codings: list[bytes] = []
-    close = keep_alive = False
-    for name, value in headers:
-        name = name.lower()
-        if name == b"content-length":
-            for item in value.split(b","):  # "5, 5": one length, repeated (RFC 9110, 8.6)
-                item = item.strip(b" \t")
-                if _LENGTH.fullmatch(item) is None:
-                    raise httpx.RemoteProtocolError(
-                        f"invalid Content-Length {value[:40]!r}", request=request
-                    )
-                if length is not None and int(item) != length:
-                    raise httpx.RemoteProtocolError(
-                        f"conflicting Content-Length values ({length}, {int(item)})",
-                        request=request,
-                    )
-                length = int(item)
-        elif name == b"transfer-encoding":
-            codings += [c.strip(b" \t").lower() for c in value.split(b",")]
-        elif name == b"connection":
-            tokens = {t.strip(b" \t").lower() for t in value.split(b",")}
-            close = close or b"close" in tokens
-            keep_alive = keep_alive or b"keep-alive" in tokens
-    http11 = version != b"HTTP/1.0"
-    reusable = not close and (http11 or keep_alive)
-    if request.method == "HEAD" or status in (204, 304):
-        return 0, False, reusable
-    if codings:
-        if codings != [b"chunked"]:
-            shown = b", ".join(codings)[:80]
-            raise httpx.RemoteProtocolError(
-                f"unsupported Transfer-Encoding {shown!r}", request=request
-            )
-        # Chunked wins over a Content-Length, but such an answer (or a chunked one to HTTP/1.0)
-        # may be an attempt at smuggling: its connection is not reused (RFC 9112, 6.1 and 6.3).
-        return None, True, reusable and http11 and length is None
-    if length is None:
-        return None, False, False  # the body ends with the connection
-    return length, False, reusable
 
 
 def _transport_error(exc: BaseException, request: httpx.Request, doing: str) -> BaseException:
@@ -453,7 +308,7 @@ def _transport_error(exc: BaseException, request: httpx.Request, doing: str) -> 
         )
     if isinstance(exc, asyncio.LimitOverrunError):
         return httpx.RemoteProtocolError(
-            f"a line of the answer is longer than {_MAX_HEAD_BYTES} bytes", request=request
+            f"a line of the answer is longer than {MAX_HEAD_BYTES} bytes", request=request
         )
     if isinstance(exc, OSError):
         broken = httpx.WriteError if doing == "write" else httpx.ReadError
