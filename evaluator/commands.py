@@ -22,6 +22,8 @@ __all__ = ["AGENT_IN_SANDBOX", "CommandLines"]
 
 #: Where the warm agent's file is bound inside its sandbox.
 AGENT_IN_SANDBOX = "/run/evaluator/agent.py"
+#: The agent compiled for the default interpreter, where sandboxes running it see it.
+COMPILED_AGENT_IN_SANDBOX = "/run/evaluator/agent.pyc"
 
 
 class CommandLines:
@@ -35,6 +37,7 @@ class CommandLines:
             sandboxes that run it.
         seccomp: Whether the runs get the syscall filter.
         agent_file: The agent's file on the host (see :func:`.startup.place_agent_files`).
+        compiled_agent: The same compiled for the default interpreter, if it could be.
         empty_file: An empty read-only file on the host, bound over what must look empty.
         packages: The package wiring, whose layer directory a session's sandbox binds.
     """
@@ -48,6 +51,7 @@ class CommandLines:
         *,
         seccomp: bool,
         agent_file: str,
+        compiled_agent: str | None = None,
         empty_file: str | None,
         packages: RunPackages,
     ) -> None:
@@ -57,6 +61,7 @@ class CommandLines:
         self._python_binds = python_binds
         self._seccomp = seccomp
         self._agent_file = agent_file
+        self._compiled_agent = compiled_agent
         self._empty_file = empty_file
         self._packages = packages
         #: matplotlib's font list, once built: its host file and its path in the sandbox.
@@ -120,8 +125,10 @@ class CommandLines:
 
     def agent_argv(self, workdir: Workdir) -> list[str]:
         """bwrap's command line of a warm sandbox: the agent, with the modules it imports."""
-        command = [self._config.executable, AGENT_IN_SANDBOX, *self._config.preimport]
-        return self.argv(command, workdir, self._agent_binds(workdir))
+        executable = self._config.executable
+        host, agent = self._agent(executable)
+        command = [executable, agent, *self._config.preimport]
+        return self.argv(command, workdir, self._agent_binds(workdir, host, agent))
 
     def session_argv(self, sandbox: Sandbox, executable: str) -> list[str]:
         """bwrap's command line of a session's agent started cold (see :mod:`.live`).
@@ -129,14 +136,21 @@ class CommandLines:
         It imports nothing ahead: its first cell waits for it, and imports only what it uses,
         as a cold one-shot run does (the warm sandboxes that sessions take have imported
         ``preimport`` while nothing waited)."""
-        agent = AGENT_IN_SANDBOX if self._view is not None else self._agent_file
-        command = [executable, agent, "--session"]
-        return self.argv(command, sandbox.workdir, self._agent_binds(sandbox.workdir))
+        host, agent = self._agent(executable)
+        command = [executable, agent if self._view is not None else host, "--session"]
+        return self.argv(command, sandbox.workdir, self._agent_binds(sandbox.workdir, host, agent))
 
-    def _agent_binds(self, workdir: Workdir) -> list[tuple[str, str]]:
+    def _agent(self, executable: str) -> tuple[str, str]:
+        """The agent's file ``executable`` runs, on the host and in the sandbox: compiled for
+        the default interpreter (if it could be), else its source."""
+        if executable == self._config.executable and self._compiled_agent is not None:
+            return self._compiled_agent, COMPILED_AGENT_IN_SANDBOX
+        return self._agent_file, AGENT_IN_SANDBOX
+
+    def _agent_binds(self, workdir: Workdir, host: str, agent: str) -> list[tuple[str, str]]:
         """The agent's file, and the sandbox's own directory of package layers (empty: a
         session fills it, see :meth:`.run_packages.RunPackages.add_layers`)."""
-        binds = [(self._agent_file, AGENT_IN_SANDBOX)]
+        binds = [(host, agent)]
         layers = self._packages.sandbox_bind(workdir) if self._view is not None else None
         if layers is not None:
             binds.append(layers)

@@ -119,11 +119,6 @@ class JailedProcess:
         self._early = first
         return False
 
-    async def first_output(self, seconds: float) -> bytes:
-        """What the process writes first (a warm agent's WARM, or why it failed); ``b""`` at
-        EOF or after ``seconds``."""
-        return await self._first_read(seconds, 4096) or b""
-
     async def _first_read(self, seconds: float, size: int) -> bytes | None:
         if self._output_fd is None:
             return None
@@ -273,6 +268,7 @@ class JailedProcess:
         grace: float,
         on_output: OnOutput | None = None,
         interrupted: asyncio.Event | None = None,
+        starting: bool = False,
     ) -> Outcome:
         """Run one cell in a session's agent (released with ``release(argv, None)``).
 
@@ -283,10 +279,13 @@ class JailedProcess:
         and the interpreter ends. :attr:`alive` then says whether it lives on. ``on_output``
         is handed each chunk of the output as it is read (see :mod:`.pump`). Once
         ``interrupted`` is set, the cell is interrupted as at the time limit (``ended_by``
-        ``"interrupted"``).
+        ``"interrupted"``). ``starting``: the agent was just released and this is its first
+        cell, sent without waiting for it to start (its WARM comes first, and is dropped).
 
         Raises:
             ValueError: an argument contains a NUL byte.
+            RuntimeError: ``starting``, and the agent ended before it started (its output
+                says why).
         """
         request_fd, status_fd = self._request_fd, self._status_fd
         if request_fd is None or status_fd is None or self._output_fd is None:
@@ -300,7 +299,10 @@ class JailedProcess:
                 ended_by = "output_limit"
                 self._child.terminate()
 
-        pump = OutputPump(self._output_fd, output_limit, on_limit=on_limit, on_output=on_output)
+        marker = _agent.WARM if starting else None
+        pump = OutputPump(
+            self._output_fd, output_limit, on_limit=on_limit, on_output=on_output, marker=marker
+        )
         status = agent_pipes.CellStatus(status_fd)
         asked: asyncio.Future[None] | None = None
         if interrupted is not None:
@@ -323,6 +325,10 @@ class JailedProcess:
                 if asked is not None:
                     asked.cancel()
         pump.drain()  # what the cell wrote before its status is in the pipe by now
+        if starting and not pump.marked and ended_by == "exit":
+            self.kill()
+            why = pump.output.decode("utf-8", "replace").strip()[:500] or "(no output)"
+            raise RuntimeError(f"the session's interpreter did not start: {why}")
         if status.value is not None and self.alive:
             return Outcome(status.value, pump.output, ended_by)
         # The agent is gone (or closed its status pipe): bwrap follows it in a moment.

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from serving import BoundedTable, TableFull
 from snekbox_client import EndedBy, EvalRequest, EvalResult
 
-from ._agent import WARM
 from .cells import Cell
 from .cgroups import RunCgroup
 from .config import EvaluatorConfig
@@ -55,8 +54,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds an interrupted cell has to end before its interpreter is killed.
 INTERRUPT_GRACE = 2.0
-#: Seconds a new session's interpreter may take to start and import (a loaded machine).
-_START_TIMEOUT = 120.0
 #: Seconds a running cell has, once its session is ended on shutdown, to see it.
 _CLOSE_TIMEOUT = 10.0
 
@@ -73,6 +70,9 @@ class _Session:
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     retired: bool = False
+    #: Whether its interpreter has said it started (one started cold says so before its first
+    #: cell's output: see :meth:`LiveSessions._start_cold`).
+    started: bool = True
 
 
 class LiveSessions:
@@ -233,7 +233,9 @@ class LiveSessions:
             grace=INTERRUPT_GRACE,
             on_output=cell.on_output if cell is not None else None,
             interrupted=cell.interrupted if cell is not None else None,
+            starting=not session.started,
         )
+        session.started = True
         alive = session.sandbox.process.alive
         ended_by = outcome.ended_by if alive else self._ended_by(outcome, session.sandbox.cgroup)
         if cell is not None and cell.read_any:  # the rest of what was read in pieces
@@ -269,6 +271,7 @@ class LiveSessions:
             # A warm sandbox runs the default interpreter, its modules imported.
             default = executable == self._config.executable
             sandbox = self._pool.take_warm() if default else None
+            started = sandbox is not None
             if sandbox is not None:
                 if sandbox.cgroup is not None:
                     sandbox.cgroup.foreground()
@@ -279,7 +282,7 @@ class LiveSessions:
                 self._pool.retire(sandbox)
                 raise RuntimeError("the evaluator is stopping")
             hold = IdleHold(sandbox.process.pid, sandbox.cgroup)
-            session = _Session(session_id, sandbox, executable, owner, hold)
+            session = _Session(session_id, sandbox, executable, owner, hold, started=started)
             self._table.add(session_id, session, owner)
             self._keep_expiring()
             future.set_result(session)
@@ -307,18 +310,14 @@ class LiveSessions:
             raise SessionsFull(session_id, full.held) from None
 
     async def _start_cold(self, executable: str) -> Sandbox:
+        """A sandbox whose session agent is released, not waited for: the first cell is sent
+        at once, and its run says whether the agent started (as a one-shot run's does)."""
         sandbox = self._pool.take_for_session()
         asyncio.get_running_loop().call_soon(self._pool.refill)  # not before this start
         try:
             if not await self._pool.ready(sandbox):
                 raise RuntimeError("the session's sandbox did not start")
             sandbox.process.release(self._agent_argv(sandbox, executable), None)
-            first = await sandbox.process.first_output(_START_TIMEOUT)
-            if first != WARM:
-                raise RuntimeError(
-                    "the session's interpreter did not start: "
-                    + first.decode("utf-8", "replace").strip()[:500]
-                )
         except BaseException:
             await self._pool.dispose(sandbox)
             raise

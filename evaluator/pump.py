@@ -58,6 +58,8 @@ class OutputPump:
         on_limit: Called once, when the output first goes past ``limit``.
         on_output: Called with each chunk kept, as it is read (``initial`` first).
         initial: Output read before the pump started (it counts toward ``limit``).
+        marker: One byte the process writes before its output (a session's agent started
+            with its first cell: its WARM), dropped; :attr:`marked` says whether it came.
 
     :attr:`eof` is done once every writer has closed the pipe; :attr:`ended` once no more
     output will be kept (EOF, or past the limit).
@@ -71,8 +73,14 @@ class OutputPump:
         on_limit: Callable[[], None],
         on_output: OnOutput | None = None,
         initial: bytes = b"",
+        marker: bytes | None = None,
     ) -> None:
+        if marker is not None and len(marker) != 1:
+            raise ValueError("a marker is one byte (it arrives whole)")
         self._fd = fd
+        self._marker = marker
+        #: Whether the output began with ``marker`` (``None``: no output yet, or no marker).
+        self.marked: bool | None = None
         self._limit = limit
         self._on_limit = on_limit
         self._on_output = on_output
@@ -126,6 +134,10 @@ class OutputPump:
         self._keep(chunk)
 
     def _keep(self, chunk: bytes) -> None:
+        if self._marker is not None:
+            self.marked = chunk[:1] == self._marker
+            self._marker = None
+            chunk = chunk[1:] if self.marked else chunk
         room = self._limit - len(self._output)
         kept = chunk[: max(room, 0)]
         if kept:

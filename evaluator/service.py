@@ -178,7 +178,7 @@ class Evaluator:
         root = self._root = WorkdirRoot.create(config.workdir_root)
         # Not root: each run's launcher mounts its size-bounded tmpfs, in a user namespace.
         root.launchers_mount = not root.can_mount and not config.unsandboxed
-        agent_file, empty_file = startup.place_agent_files(root)
+        agent_file, compiled_agent, empty_file = startup.place_agent_files(root, self._pythons[0])
         self._seccomp, self._seccomp_reason = startup.seccomp_filter(config, self._users)
         self._commands = CommandLines(
             config,
@@ -187,6 +187,7 @@ class Evaluator:
             python_binds,
             seccomp=self._seccomp is not None,
             agent_file=agent_file,
+            compiled_agent=compiled_agent,
             empty_file=empty_file,
             packages=self._run_packages,
         )
@@ -263,9 +264,10 @@ class Evaluator:
     def _start_warming(self, pool: SandboxPool) -> None:
         """Start the warm sandboxes (once matplotlib's font list is built: a warm agent
         importing pyplot would otherwise build its own)."""
-        count, commands = self.config.warm_sandboxes, self._commands
-        if commands is not None and count and not self._closing:
-            pool.start_warming(commands.agent_argv, count, self._slots.spare_cpu)
+        config, commands = self.config, self._commands
+        if commands is not None and config.warm_sandboxes and not self._closing:
+            most, spare = config.warm_sandboxes_max, self._slots.spare_cpu
+            pool.start_warming(commands.agent_argv, config.warm_sandboxes, most, spare)
 
     def _refill(self) -> None:
         """After each run, which may leave a CPU spare (see :mod:`.pool`); a session's cell

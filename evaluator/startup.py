@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
+import py_compile
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,7 +21,7 @@ from snekbox_client import EvalResult
 
 from . import bytecode, limits, seccomp
 from .cgroups import Cgroups
-from .commands import CommandLines
+from .commands import AGENT_IN_SANDBOX, CommandLines
 from .config import EvaluatorConfig, MiB
 from .errors import HostTooBusy, SandboxUnavailable
 from .host import (
@@ -115,15 +117,31 @@ def detect_cgroups(config: EvaluatorConfig) -> Cgroups:
     return cgroups
 
 
-def place_agent_files(root: WorkdirRoot) -> tuple[str, str]:
-    """The agent's file and an empty file, read-only in the private directory, which every
-    sandbox user can reach (the package may lie below one it cannot, /root)."""
+def place_agent_files(root: WorkdirRoot, default: Interpreter) -> tuple[str, str | None, str]:
+    """The agent's file, the same compiled for the ``default`` interpreter (``None`` if it is
+    not this process's version, whose bytecode this process writes), and an empty file: all
+    read-only in the private directory, which every sandbox user can reach (the package may
+    lie below one it cannot, /root).
+
+    Why compiled: a sandbox never writes bytecode, so an agent run from source is compiled at
+    every start (5 ms, what a session started cold paid more than a one-shot run)."""
     agent = root.path / "agent.py"
     agent.write_bytes(_AGENT.read_bytes())
     agent.chmod(0o444)
+    compiled: str | None = None
+    if default.version == platform.python_version():
+        compiled = str(root.path / "agent.pyc")
+        py_compile.compile(
+            str(agent),
+            cfile=compiled,
+            dfile=AGENT_IN_SANDBOX,  # what a traceback through it would name
+            doraise=True,
+            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+        )
+        os.chmod(compiled, 0o444)
     empty = root.path / "empty"
     empty.touch(0o444)
-    return str(agent), str(empty)
+    return str(agent), compiled, str(empty)
 
 
 def seccomp_filter(config: EvaluatorConfig, users: RunUsers) -> tuple[bytes | None, str]:

@@ -598,3 +598,10 @@ async def test_a_new_session_never_ends_one_whose_cell_runs() -> None:
         assert (new.stdout, evaluator.live_sessions) == ("new\n", 1)
         with pytest.raises(SessionNotFound, match="'busy'"):
             await cell(evaluator, "busy", "print(x)", session_resume=True)
+
+
+async def test_a_session_started_cold_runs_the_agent_compiled(evaluator: Evaluator) -> None:
+    """A sandbox writes no bytecode: the agent from source would be compiled at each start."""
+    code = "print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode())"
+    first = await cell(evaluator, "compiled", code)
+    assert (first.returncode, first.stdout) == (0, "/run/evaluator/agent.pyc\n"), first.stdout

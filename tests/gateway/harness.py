@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from evaluator.commands import COMPILED_AGENT_IN_SANDBOX
 from evaluator.procfs import status
 from tests.support import closed_port
 
@@ -227,8 +228,9 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-#: Where the built-in evaluator binds its warm agent inside a sandbox (evaluator/commands.py).
-WARM_AGENT = "/run/evaluator/agent.py"
+#: Where the built-in evaluator binds its warm agent inside a sandbox: compiled for the default
+#: interpreter, which is this one (evaluator/commands.py).
+WARM_AGENT = COMPILED_AGENT_IN_SANDBOX
 
 
 def only_warm_sandboxes(pid: int, count: int) -> bool:
