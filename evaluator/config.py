@@ -232,11 +232,22 @@ class EvaluatorConfig(ConfigRules):
             ge=0,
             le=10_000,
             description="sandboxes kept warm (made with spare CPU), each used by one run; a "
-            "run that finds none makes the evaluator keep one more, up to 4 times this, one "
-            "fewer after a minute without such a miss; `0`: none",
+            "run that finds none makes the evaluator keep one more, up to "
+            "`EVALUATOR_WARM_SANDBOXES_MAX`, one fewer after a minute without such a miss; "
+            "`0`: none",
         ),
         Flag("sandboxes kept warm (interpreter started, PREIMPORT imported), at least; 0: none"),
     ] = 2
+    warm_sandboxes_max: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=10_000,
+            description="the most warm sandboxes demand may keep (each holds about 70 MiB at "
+            "rest); below `EVALUATOR_WARM_SANDBOXES`, that many",
+        ),
+        Flag("the most warm sandboxes demand may keep", default="4 x WARM_SANDBOXES"),
+    ] = None
     max_sessions: Annotated[
         int | None,
         Field(

@@ -18,9 +18,10 @@ calls that come steadily find one warm:
   has CPUs (a run's end tries again): a run then shares a CPU with one agent's imports at most.
 
 How many are kept follows demand: ``count`` (``EVALUATOR_WARM_SANDBOXES``) at the least; each
-run that wanted a warm sandbox and found none adds one, up to :data:`DEMAND_FACTOR` times
-``count``; after :data:`SHRINK_AFTER` seconds without such a miss, one fewer (the surplus warm
-one is disposed of). A run takes a warm sandbox only once it is warm; else it takes a cold
+run that wanted a warm sandbox and found none adds one, up to ``most``
+(``EVALUATOR_WARM_SANDBOXES_MAX``, by default :data:`DEMAND_FACTOR` times ``count``); after
+:data:`SHRINK_AFTER` seconds without such a miss, one fewer (the surplus warm one is disposed
+of). A run takes a warm sandbox only once it is warm; else it takes a cold
 one, as without them.
 """
 
@@ -49,7 +50,7 @@ _ANSWER_FIRST = 0.002
 #: answer has not made it already (a short run's answer goes first; a long run's does not
 #: keep the pool short meanwhile).
 _REFILL_DURING = 0.1
-#: The most warm sandboxes demand may keep, as a multiple of the ``count`` asked for.
+#: The most warm sandboxes demand may keep by default, as a multiple of the ``count`` asked for.
 DEMAND_FACTOR = 4
 #: Seconds without a run that found no warm sandbox, after which one fewer is kept.
 SHRINK_AFTER = 60.0
@@ -115,6 +116,7 @@ class SandboxPool:
         # whether a CPU is spare; the last miss; those still importing, and those ready.
         self._agent: Callable[[Workdir], list[str]] | None = None
         self._warm_floor = 0
+        self._warm_most = 0
         self._warm_target = 0
         self._spare_cpu: Callable[[], bool] = lambda: False
         self._last_miss = 0.0
@@ -177,17 +179,21 @@ class SandboxPool:
         if not self._warm:
             if self._agent is not None and self._warm_floor:
                 self._last_miss = time.monotonic()
-                limit = self._warm_floor * DEMAND_FACTOR
-                self._warm_target = min(limit, max(self._warm_target, 1) + 1)
+                self._warm_target = min(self._warm_most, self._warm_target + 1)
             return None
         self.warm_taken += 1
         asyncio.get_running_loop().call_later(_REFILL_DURING, self.refill)
         return self._warm.pop()
 
     def start_warming(
-        self, agent: Callable[[Workdir], list[str]], count: int, spare_cpu: Callable[[], bool]
+        self,
+        agent: Callable[[Workdir], list[str]],
+        count: int,
+        most: int | None,
+        spare_cpu: Callable[[], bool],
     ) -> None:
-        """Keep ``count`` warm sandboxes at the least, running ``agent(workdir)`` (bwrap's
+        """Keep ``count`` warm sandboxes at the least, and as demand asks up to ``most``
+        (``None``: :data:`DEMAND_FACTOR` times ``count``), running ``agent(workdir)`` (bwrap's
         command line).
 
         ``spare_cpu``: whether fewer runs are in progress than the service has CPUs; without a
@@ -195,6 +201,7 @@ class SandboxPool:
         """
         self._agent, self._spare_cpu = agent, spare_cpu
         self._warm_floor = self._warm_target = count
+        self._warm_most = max(count, count * DEMAND_FACTOR if most is None else most)
         self._last_miss = time.monotonic()
         self._warm_up()
 

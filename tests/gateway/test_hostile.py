@@ -82,6 +82,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         "MCP_MAX_CODE_CHARS": str(MAX_CODE),
         "EVALUATOR_TIME_LIMIT": str(TIME_LIMIT),
         "EVALUATOR_WARM_SANDBOXES": str(WARM),
+        # Not more as calls come: the checks after a flood count the warm sandboxes exactly.
+        "EVALUATOR_WARM_SANDBOXES_MAX": str(WARM),
     }
     service = gateway_process(env, log)
     service.start()
