@@ -15,6 +15,9 @@ trip to the gateway's process) and a call of a tool that does not exist over eac
 MCP stack, client and server, around a tool call that runs no gateway code and no evaluation).
 On a machine where waking an idle process is slow, these are most of what the gateway adds.
 
+Without ``--session`` a fourth way, "direct one-shot", is a plain ``{"input": "print(1)"}``:
+what a user without the gateway sends, and the baseline of a call without ``session_id``.
+
 A call without ``session_id`` starts a live session (the built-in evaluator keeps one, in the
 gateway's process or behind ``SNEKBOX_URL``), so each direct call names a new session too.
 ``--in-process``: the embedded default instead, the gateway with its own evaluator (no
@@ -52,10 +55,13 @@ from mcp.types import (
 from mcp.types.version import LATEST_MODERN_VERSION
 
 import plotting
-from snekbox_client import SnekboxClient
+from snekbox_client import EvalRequest, SnekboxClient
 
 TARGET_MS = 3.0
 DIRECT = "direct /eval"
+#: A plain one-shot ``{"input": "print(1)"}``: what a user without the gateway would send. The
+#: target for a call without ``session_id`` is set against it (issue 31).
+ONE_SHOT = "direct one-shot"
 #: Marks the ways that run no code: printed apart, as absolute times.
 FLOOR = " (floor)"
 
@@ -94,8 +100,14 @@ async def measure(
 
             return call
 
+        async def via_one_shot() -> None:
+            result = await direct.eval(EvalRequest(input="print(1)"))
+            assert result.stdout == "1\n", result
+
         plain = await stack.enter_async_context(httpx.AsyncClient())
         ways: list[tuple[str, Callable[[], Awaitable[None]]]] = [(DIRECT, via_direct)]
+        if not session:
+            ways.append((ONE_SHOT, via_one_shot))
         for name, url in gateways.items():
             http = await stack.enter_async_context(Client(f"{url}/mcp"))
             sse = await stack.enter_async_context(Client(sse_client(f"{url}/sse")))
@@ -200,12 +212,18 @@ def main() -> None:
     print(f"print(1), {args.n} {kind} each way, interleaved; times in ms; gateways on {where}")
     for name, checkout in checkouts.items():
         print(f"  {name}: {checkout}")
-    print(f"{'way':<24}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p50 ratio':>11}")
+    one50 = statistics.median(samples[ONE_SHOT]) if ONE_SHOT in samples else None
+    head = f"{'way':<24}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p50 ratio':>11}"
+    print(head + (f"{'p50 - one-shot':>16}" if one50 is not None else ""))
     for name, values in samples.items():
         if not name.endswith(FLOOR):
             p50, p95 = statistics.median(values), percentile(values, 95)
-            print(f"{name:<24}{p50:8.1f}{p95:8.1f}{p50 - base50:14.1f}{p50 / base50:11.2f}")
-    print(f"(direct p95 {base95:.1f} ms; target: the gateway adds at most {TARGET_MS:g} ms at p50)")
+            line = f"{name:<24}{p50:8.1f}{p95:8.1f}{p50 - base50:14.1f}{p50 / base50:11.2f}"
+            print(line + (f"{p50 - one50:16.1f}" if one50 is not None else ""))
+    print(
+        f"(direct p95 {base95:.1f} ms; target: the gateway adds at most {TARGET_MS:g} ms at p50"
+        + (", over the one-shot for a call without session_id)" if one50 is not None else ")")
+    )
     print("floors, no code run (in the same loop):")
     for name, values in samples.items():
         if name.endswith(FLOOR):
