@@ -29,9 +29,11 @@ def server() -> Iterator[str]:
     assert process.stderr is not None
     log = []
     deadline = time.monotonic() + 30
-    for line in process.stderr:  # uvicorn says when it is ready
+    # uvicorn says "Uvicorn running on" once it listens; "Application startup complete" comes
+    # before the socket is bound (a busy host showed a connection refused between the two).
+    for line in process.stderr:
         log.append(line)
-        if "Application startup complete" in line:
+        if "Uvicorn running on" in line:
             break
         if time.monotonic() > deadline or process.poll() is not None:
             process.kill()
