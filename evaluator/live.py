@@ -313,7 +313,6 @@ class LiveSessions:
         """A sandbox whose session agent is released, not waited for: the first cell is sent
         at once, and its run says whether the agent started (as a one-shot run's does)."""
         sandbox = self._pool.take_for_session()
-        asyncio.get_running_loop().call_soon(self._pool.refill)  # not before this start
         try:
             if not await self._pool.ready(sandbox):
                 raise RuntimeError("the session's sandbox did not start")

@@ -13,7 +13,9 @@ calls that come steadily find one warm:
 
 - with a cpu controller, in a cgroup of the least CPU weight until it is used: their imports
   take only CPU time no run wants, so they are made at once, however busy the service is (a
-  saturated service makes no progress on them, and loses next to nothing to them);
+  saturated service makes no progress on them, and loses next to nothing to them), as many
+  at a time as the service has CPUs (more would share the spare CPU time, and each would be
+  ready later than the first of them could be);
 - without one, one at a time, started only while fewer runs are in progress than the service
   has CPUs (a run's end tries again): a run then shares a CPU with one agent's imports at most.
 
@@ -28,6 +30,7 @@ one, as without them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -119,10 +122,14 @@ class SandboxPool:
         self._warm_most = 0
         self._warm_target = 0
         self._spare_cpu: Callable[[], bool] = lambda: False
+        self._warm_at_once = 1
         self._last_miss = 0.0
         self._shrink_timer: asyncio.TimerHandle | None = None
         self._warming: list[Sandbox] = []
         self._warm: list[Sandbox] = []
+        # The task that makes them (see refill), and whether it should look again.
+        self._filling: asyncio.Task[None] | None = None
+        self._fill_again = False
         #: Runs that took a warm sandbox.
         self.warm_taken = 0
 
@@ -191,19 +198,21 @@ class SandboxPool:
         count: int,
         most: int | None,
         spare_cpu: Callable[[], bool],
+        cpus: int = 1,
     ) -> None:
         """Keep ``count`` warm sandboxes at the least, and as demand asks up to ``most``
         (``None``: :data:`DEMAND_FACTOR` times ``count``), running ``agent(workdir)`` (bwrap's
         command line).
 
         ``spare_cpu``: whether fewer runs are in progress than the service has CPUs; without a
-        cpu controller, a sandbox is warmed only then (see the module).
+        cpu controller, a sandbox is warmed only then (see the module). ``cpus``: the service's
+        CPUs, the most warmed at a time with a cpu controller.
         """
-        self._agent, self._spare_cpu = agent, spare_cpu
+        self._agent, self._spare_cpu, self._warm_at_once = agent, spare_cpu, max(1, cpus)
         self._warm_floor = self._warm_target = count
         self._warm_most = max(count, count * DEMAND_FACTOR if most is None else most)
         self._last_miss = time.monotonic()
-        self._warm_up()
+        self.refill()
 
     def prepare(self, *, warm: bool = False, session: bool = False) -> Sandbox:
         """Make a sandbox: working directory, cgroups, and the process waiting in them.
@@ -226,42 +235,87 @@ class SandboxPool:
         self._spawn(self._retire(sandbox))
 
     def refill(self) -> None:
-        """Prepare sandboxes until ``ready`` of them wait, then warm sandboxes."""
-        while not self._closing and len(self._ready) < self._target:
-            try:
-                # With an agent's pipes, for a session's agent (see take_for_session); a plain
-                # run's launcher closes them before it execs (see JailedProcess.release).
-                self._ready.append(self.prepare(session=True))
-            except OSError:
-                log.exception("could not prepare a sandbox ahead of time")
-                return
-        self._warm_up()
+        """Prepare sandboxes until ``ready`` of them wait, then warm sandboxes, in the background.
+
+        They are made one at a time in a worker thread (directories, mounts, cgroups, the
+        launcher's spawn: milliseconds of system calls), so that the event loop goes on
+        answering meanwhile: a request that arrives right after an answer does not wait for
+        the sandbox that answer's run is replaced by.
+        """
+        if self._closing:
+            return
+        self._fill_again = True
+        if self._filling is None:
+            self._filling = asyncio.ensure_future(self._fill())
+            self._tasks.add(self._filling)
+            self._filling.add_done_callback(self._filled)
+
+    async def settled(self) -> None:
+        """Wait until the sandboxes :meth:`refill` was asked for are made (a warm one's agent
+        may still be importing)."""
+        while self._filling is not None:
+            await asyncio.shield(self._filling)
 
     def refill_soon(self) -> None:
         """:meth:`refill` once the answer that is on its way has gone (see :meth:`_retire`)."""
         if not self._closing:
             asyncio.get_running_loop().call_later(_ANSWER_FIRST, self.refill)
 
-    def _warm_up(self) -> None:
-        """Start warm sandboxes until enough are warm or warming (see the module)."""
+    async def _fill(self) -> None:
+        while self._fill_again and not self._closing:
+            self._fill_again = False
+            while len(self._ready) < self._target:
+                # With an agent's pipes, for a session's agent (see take_for_session); a plain
+                # run's launcher closes them before it execs (see JailedProcess.release).
+                sandbox = await self._make_off_loop(session=True)
+                if sandbox is None:
+                    break
+                self._ready.append(sandbox)
+            while self._wants_warm():
+                sandbox = await self._make_off_loop(warm=True, session=True)
+                if sandbox is None:
+                    break
+                assert self._agent is not None
+                self._warming.append(sandbox)
+                sandbox.process.release(self._agent(sandbox.workdir), None)
+                sandbox.process.watch(self._watcher(sandbox))
+
+    def _filled(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._filling = None
+        if self._fill_again and not self._closing:  # asked for while it ended
+            self.refill()
+
+    async def _make_off_loop(self, *, warm: bool = False, session: bool = False) -> Sandbox | None:
+        """A sandbox made in a worker thread; ``None``: it could not be made (logged), or the
+        pool is closing (it is disposed of)."""
+        made = asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.prepare, warm=warm, session=session)
+        )
+        try:
+            sandbox = await asyncio.shield(made)
+        except OSError:
+            kind = "warm sandbox" if warm else "sandbox"
+            log.exception("could not prepare a %s ahead of time", kind)
+            return None
+        except asyncio.CancelledError:  # the loop is going away: stop what was made
+            made.add_done_callback(_kill_made)
+            raise
+        if self._closing:
+            await self.dispose(sandbox)
+            return None
+        return sandbox
+
+    def _wants_warm(self) -> bool:
+        """Whether to start one more warm sandbox now (see the module)."""
         if self._agent is None or self._closing or not self._warm_target:
-            return
+            return False
         self._shrink()
-        background = self._cgroups.cpu is not None
-        while (
-            not self._closing
-            and len(self._warm) + len(self._warming) < self._warm_target
-            and (background or (not self._warming and self._spare_cpu()))
-        ):
-            try:
-                # With a status pipe: a session may take it (see JailedProcess.become_session).
-                sandbox = self.prepare(warm=True, session=True)
-            except OSError:
-                log.exception("could not prepare a warm sandbox")
-                return
-            self._warming.append(sandbox)
-            sandbox.process.release(self._agent(sandbox.workdir), None)
-            sandbox.process.watch(self._watcher(sandbox))
+        if len(self._warm) + len(self._warming) >= self._warm_target:
+            return False
+        if self._cgroups.cpu is not None:
+            return len(self._warming) < self._warm_at_once
+        return not self._warming and self._spare_cpu()
 
     def _shrink(self) -> None:
         """One warm sandbox fewer per :data:`SHRINK_AFTER` seconds without a miss, down to the
@@ -300,8 +354,8 @@ class SandboxPool:
             if not expected:
                 self._warming.remove(sandbox)
                 self._warm.append(sandbox)
-                # Without a cpu controller the next starts now (one at a time).
-                asyncio.get_running_loop().call_soon(self._warm_up)
+                # The next may start now (so many at a time, see the module).
+                self.refill()
                 return False
             if pending or not chunk:
                 return self._warming_failed(sandbox, bytes(pending) or b"(exited)")
@@ -352,3 +406,8 @@ class SandboxPool:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _kill_made(made: asyncio.Future[Sandbox]) -> None:
+    if not made.cancelled() and made.exception() is None:
+        made.result().process.kill()

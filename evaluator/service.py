@@ -140,6 +140,7 @@ class Evaluator:
             )
             self._watchdog.start()
         pool.refill()
+        await pool.settled()  # a first request finds its sandbox ready
         self._run_packages.preinstall()
         if not config.unsandboxed and self._commands is not None and self._root is not None:
             self._fontlist_task = asyncio.ensure_future(
@@ -267,7 +268,9 @@ class Evaluator:
         config, commands = self.config, self._commands
         if commands is not None and config.warm_sandboxes and not self._closing:
             most, spare = config.warm_sandboxes_max, self._slots.spare_cpu
-            pool.start_warming(commands.agent_argv, config.warm_sandboxes, most, spare)
+            pool.start_warming(
+                commands.agent_argv, config.warm_sandboxes, most, spare, self._slots.cpus
+            )
 
     def _refill(self) -> None:
         """After each run, which may leave a CPU spare (see :mod:`.pool`); a session's cell

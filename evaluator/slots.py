@@ -33,6 +33,11 @@ class RunSlots:
         """Runs holding a slot."""
         return self._slots.running
 
+    @property
+    def cpus(self) -> int:
+        """The CPUs this process may use, at most its slots."""
+        return self._cpus
+
     def spare_cpu(self) -> bool:
         """Whether fewer runs hold a slot than this process has CPUs (and slots)."""
         return self._slots.running < self._cpus

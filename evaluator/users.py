@@ -31,6 +31,7 @@ import os
 import pwd
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -56,6 +57,8 @@ class RunUsers:
         self._claims = claims
         self._held: dict[int, int] = {}  # uid -> the fd holding its claim
         self._checked: dict[int, bool] = {}  # uid -> whether no user or group has it
+        # Sandboxes are made in a worker thread too (see pool.SandboxPool.refill).
+        self._lock = threading.Lock()
 
     @classmethod
     def for_service(cls, first: int, count: int) -> RunUsers:
@@ -95,11 +98,15 @@ class RunUsers:
         """
         if self.first is None or self._claims is None:
             return None
+        with self._lock:
+            return self._take(self.first, self._claims)
+
+    def _take(self, first: int, claims: Path) -> tuple[int, int]:
         # The lowest free one, so that a quiet service keeps using the same few.
-        for uid in range(self.first, self.first + self.count):
+        for uid in range(first, first + self.count):
             if uid in self._held or not self._unused(uid):
                 continue
-            fd = os.open(self._claims / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(claims / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -107,7 +114,7 @@ class RunUsers:
                 continue
             self._held[uid] = fd
             return uid, uid
-        raise OSError(f"all {self.count} sandbox uids from {self.first} are in use")
+        raise OSError(f"all {self.count} sandbox uids from {first} are in use")
 
     def _unused(self, uid: int) -> bool:
         """Whether no user or group has the id (looked up once, on first use)."""
@@ -124,7 +131,8 @@ class RunUsers:
         """Return a sandbox's uid once none of its processes is left."""
         if user is None:
             return
-        fd = self._held.pop(user[0], None)
+        with self._lock:
+            fd = self._held.pop(user[0], None)
         if fd is not None:
             os.close(fd)  # releases the claim
 

@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from evaluator import Evaluator, pool, startup
 from evaluator.cgroups import Cgroups
 from evaluator.config import EvaluatorConfig, MiB
+from evaluator.jail import JailedProcess
 from evaluator.limits import ADDRESS_SPACE_HEADROOM
 from snekbox_client import EvalRequest, EvalResult, File
 from tests.gateway.harness import WARM_AGENT, descendants
@@ -273,6 +275,27 @@ async def test_saturated_a_sandbox_warms_only_at_the_least_weight(
             await until_warm(ev)
 
 
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu controller", "no cpu controller"])
+async def test_no_more_sandboxes_warm_at_a_time_than_the_service_has_cpus(
+    cpu: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Warming more at once than there are CPUs would only share the spare time among them, and
+    make each ready later: one slot (one CPU), three to warm, one at a time."""
+    if not cpu:
+        without_cpu(monkeypatch)
+    settings = config(warm_sandboxes=3, preimport=("numpy", "pandas"), concurrency=1)
+    async with Evaluator(settings) as ev:
+        assert ev._pool is not None
+        if cpu and ev._pool._cgroups.cpu is None:
+            pytest.skip("no cpu controller here (the other case runs)")
+        most = 0
+        with anyio.fail_after(600):
+            while ev.warm_sandboxes < 3:
+                most = max(most, len(ev._pool._warming))
+                await asyncio.sleep(0.01)
+        assert most == 1
+
+
 async def test_the_pool_follows_demand_and_gives_the_memory_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -309,6 +332,40 @@ async def test_a_warm_sandbox_a_session_took_is_made_again_once_its_cell_ended()
         with anyio.fail_after(60):  # nothing else happens: no run, no disposal
             while warm.warm_sandboxes < 1:  # noqa: ASYNC110 - nothing to wait on
                 await asyncio.sleep(0.05)
+
+
+async def test_a_cold_sessions_first_cell_goes_before_any_sandbox_is_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sandbox a new session took is made again after its first cell, not before it: the
+    cell would wait for that (a directory, mounts, cgroups, a process)."""
+    events: list[str] = []
+    prepare, run_cell = pool.SandboxPool.prepare, JailedProcess.run_cell
+
+    def noting_prepare(self: pool.SandboxPool, **kwargs: bool) -> pool.Sandbox:
+        events.append("prepare")
+        return prepare(self, **kwargs)
+
+    async def noting_run_cell(self: JailedProcess, *args: Any, **kwargs: Any) -> Any:
+        events.append("cell")
+        return await run_cell(self, *args, **kwargs)
+
+    monkeypatch.setattr(pool.SandboxPool, "prepare", noting_prepare)
+    monkeypatch.setattr(JailedProcess, "run_cell", noting_run_cell)
+    async with Evaluator(config(warm_sandboxes=0, max_sessions=2)) as ev:
+        assert ev._pool is not None
+        if ev._fontlist_task is not None:  # it makes a sandbox of its own
+            await ev._fontlist_task
+        await ev._pool.settled()
+        events.clear()
+        result = await ev.run(EvalRequest(args=("-c", "print(1)"), session="cold"))
+        assert result.stdout == "1\n", result
+        with anyio.fail_after(60):
+            await ev._pool.settled()
+            while "prepare" not in events:
+                await asyncio.sleep(0.01)
+                await ev._pool.settled()
+    assert events[0] == "cell", events
 
 
 def running_agents() -> set[int]:
