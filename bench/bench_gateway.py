@@ -25,8 +25,9 @@ gateway's process or behind ``SNEKBOX_URL``), so each direct call names a new se
 ``--session``: every call a cell of one live session, the direct call naming its own
 (``"session"``), each gateway's passing the ``session_id`` it was given: a cell costs
 milliseconds, where a call that starts a session costs an interpreter's start.
-``--before DIR`` adds, side by side, the gateway of another checkout started the same way
-(``git worktree add /tmp/bench-before <commit>``).
+``--before DIR`` adds, side by side, another checkout's evaluator and its gateway in front of
+it, started the same way (``git worktree add /tmp/bench-before <commit>``), its direct ways
+beside ours: each gateway is measured against its own evaluator.
 
     uv run python bench/bench_gateway.py [-n 200] [--in-process] [--session] [--before DIR]
 """
@@ -41,6 +42,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -58,6 +60,8 @@ import plotting
 from snekbox_client import EvalRequest, SnekboxClient
 
 TARGET_MS = 3.0
+#: The name of this working tree's gateway (and its evaluator's direct ways, unprefixed).
+AFTER = "gateway"
 DIRECT = "direct /eval"
 #: A plain one-shot ``{"input": "print(1)"}``: what a user without the gateway would send. The
 #: target for a call without ``session_id`` is set against it (issue 31).
@@ -67,26 +71,11 @@ FLOOR = " (floor)"
 
 
 async def measure(
-    n: int, evaluator_url: str, gateways: dict[str, str], *, session: bool
+    n: int, stacks: dict[str, tuple[str, str]], *, session: bool
 ) -> dict[str, list[float]]:
-    """``gateways``: a name for each gateway's URL; each is called over both transports."""
-    request = plotting.build_request("print(1)")
-    # The gateway sends a live session's later cells without the prelude its interpreter holds.
-    later_cell = plotting.build_request("print(1)", later_cell=True)
-    new_sessions = itertools.count()
+    """``stacks``: for each name, an evaluator's URL and its gateway's; the evaluator is called
+    directly, the gateway over both transports."""
     async with AsyncExitStack() as stack:
-        direct = await stack.enter_async_context(SnekboxClient(evaluator_url))
-        direct_started = False
-
-        async def via_direct() -> None:
-            nonlocal direct_started
-            if session:
-                sent = replace(later_cell if direct_started else request, session="bench-direct")
-                direct_started = True
-            else:
-                sent = replace(request, session=f"bench-new-{next(new_sessions)}")
-            result = await direct.eval(sent)
-            assert result.stdout == "1\n", result
 
         def via(client: Client) -> Callable[[], Awaitable[None]]:
             arguments: dict[str, Any] = {"code": "print(1)"}
@@ -100,15 +89,14 @@ async def measure(
 
             return call
 
-        async def via_one_shot() -> None:
-            result = await direct.eval(EvalRequest(input="print(1)"))
-            assert result.stdout == "1\n", result
-
         plain = await stack.enter_async_context(httpx.AsyncClient())
-        ways: list[tuple[str, Callable[[], Awaitable[None]]]] = [(DIRECT, via_direct)]
-        if not session:
-            ways.append((ONE_SHOT, via_one_shot))
-        for name, url in gateways.items():
+        ways: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        for name, (evaluator_url, url) in stacks.items():
+            direct = await stack.enter_async_context(SnekboxClient(evaluator_url))
+            prefix = "" if name == AFTER else f"{name} "
+            ways.append((prefix + DIRECT, via_direct(direct, name, session=session)))
+            if not session:
+                ways.append((prefix + ONE_SHOT, via_one_shot(direct)))
             http = await stack.enter_async_context(Client(f"{url}/mcp"))
             sse = await stack.enter_async_context(Client(sse_client(f"{url}/sse")))
             ways += [
@@ -130,6 +118,38 @@ async def measure(
                 await way()
                 samples[name].append((time.perf_counter() - started) * 1000)
     return samples
+
+
+def via_direct(direct: SnekboxClient, name: str, *, session: bool) -> Callable[[], Awaitable[None]]:
+    """The gateway's very request, sent directly: each call a new session's first cell, or
+    (``session``) one session's later cells, as the gateway sends them (without the prelude
+    its interpreter holds)."""
+    request = plotting.build_request("print(1)")
+    later_cell = plotting.build_request("print(1)", later_cell=True)
+    new_sessions = itertools.count()
+    started = False
+
+    async def call() -> None:
+        nonlocal started
+        if session:
+            sent = replace(later_cell if started else request, session=f"bench-{name}")
+            started = True
+        else:
+            sent = replace(request, session=f"bench-{name}-{next(new_sessions)}")
+        result = await direct.eval(sent)
+        assert result.stdout == "1\n", result
+
+    return call
+
+
+def via_one_shot(direct: SnekboxClient) -> Callable[[], Awaitable[None]]:
+    """A plain ``{"input": "print(1)"}``."""
+
+    async def call() -> None:
+        result = await direct.eval(EvalRequest(input="print(1)"))
+        assert result.stdout == "1\n", result
+
+    return call
 
 
 def no_tool(client: Client) -> Callable[[], Awaitable[None]]:
@@ -192,43 +212,55 @@ def main() -> None:
     args = parser.parse_args()
     before = before_checkout(args.before)
 
-    eval_port = free_port()
-    evaluator_url = f"http://127.0.0.1:{eval_port}"
-    checkouts = {"gateway": ROOT} | ({"before": before} if before else {})
+    checkouts = {AFTER: ROOT} | ({"before": before} if before else {})
     with ExitStack() as stack:
-        stack.enter_context(service_of(ROOT, "evaluator", eval_port))
-        gateways = {}
-        for name, checkout in checkouts.items():
-            port = free_port()
+        stacks = {}
+        for name, checkout in checkouts.items():  # each gateway in front of its own evaluator
+            eval_port, port = free_port(), free_port()
+            evaluator_url = f"http://127.0.0.1:{eval_port}"
+            stack.enter_context(service_of(checkout, "evaluator", eval_port))
             env = {} if args.in_process else {"SNEKBOX_URL": evaluator_url}
             stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
-            gateways[name] = f"http://127.0.0.1:{port}"
-        samples = asyncio.run(measure(args.n, evaluator_url, gateways, session=args.session))
+            stacks[name] = (evaluator_url, f"http://127.0.0.1:{port}")
+        samples = asyncio.run(measure(args.n, stacks, session=args.session))
+    report(samples, checkouts, in_process=args.in_process, session=args.session, n=args.n)
 
-    base50 = statistics.median(samples[DIRECT])
-    base95 = percentile(samples[DIRECT], 95)
-    where = "its own evaluator" if args.in_process else "SNEKBOX_URL: the evaluator service"
-    kind = "cells of one session" if args.session else "calls"
-    print(f"print(1), {args.n} {kind} each way, interleaved; times in ms; gateways on {where}")
+
+def report(
+    samples: dict[str, list[float]],
+    checkouts: dict[str, Path],
+    *,
+    in_process: bool,
+    session: bool,
+    n: int,
+) -> None:
+    """Each way's p50 and p95, and its difference from its own evaluator's direct calls."""
+    where = "its own evaluator" if in_process else "SNEKBOX_URL: the evaluator service"
+    kind = "cells of one session" if session else "calls"
+    print(f"print(1), {n} {kind} each way, interleaved; times in ms; gateways on {where}")
     for name, checkout in checkouts.items():
-        print(f"  {name}: {checkout}")
-    one50 = statistics.median(samples[ONE_SHOT]) if ONE_SHOT in samples else None
-    head = f"{'way':<24}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p50 ratio':>11}"
-    print(head + (f"{'p50 - one-shot':>16}" if one50 is not None else ""))
+        print(f"  {name}: {checkout} (its own evaluator and gateway)")
+    head = f"{'way':<28}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p50 ratio':>11}"
+    print(head + ("" if session else f"{'p50 - one-shot':>16}"))
     for name, values in samples.items():
-        if not name.endswith(FLOOR):
-            p50, p95 = statistics.median(values), percentile(values, 95)
-            line = f"{name:<24}{p50:8.1f}{p95:8.1f}{p50 - base50:14.1f}{p50 / base50:11.2f}"
-            print(line + (f"{p50 - one50:16.1f}" if one50 is not None else ""))
+        if name.endswith(FLOOR):
+            continue
+        prefix = "" if name.split(" ", 1)[0] in (AFTER, "direct") else name.split(" ", 1)[0] + " "
+        base50 = statistics.median(samples[prefix + DIRECT])
+        p50, p95 = statistics.median(values), percentile(values, 95)
+        line = f"{name:<28}{p50:8.1f}{p95:8.1f}{p50 - base50:14.1f}{p50 / base50:11.2f}"
+        if not session:
+            line += f"{p50 - statistics.median(samples[prefix + ONE_SHOT]):16.1f}"
+        print(line)
     print(
-        f"(direct p95 {base95:.1f} ms; target: the gateway adds at most {TARGET_MS:g} ms at p50"
-        + (", over the one-shot for a call without session_id)" if one50 is not None else ")")
+        f"(target: the gateway adds at most {TARGET_MS:g} ms at p50"
+        + (")" if session else ", over the one-shot for a call without session_id)")
     )
     print("floors, no code run (in the same loop):")
     for name, values in samples.items():
         if name.endswith(FLOOR):
             p50, p95 = statistics.median(values), percentile(values, 95)
-            print(f"{name.removesuffix(FLOOR):<24}{p50:8.1f}{p95:8.1f}")
+            print(f"{name.removesuffix(FLOOR):<28}{p50:8.1f}{p95:8.1f}")
 
 
 if __name__ == "__main__":

@@ -283,6 +283,8 @@ class SandboxPool:
     def _filled(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._filling = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("making sandboxes ahead of time failed", exc_info=task.exception())
         if self._fill_again and not self._closing:  # asked for while it ended
             self.refill()
 
