@@ -312,7 +312,7 @@ class LiveSessions:
     async def _start_cold(self, executable: str) -> Sandbox:
         """A sandbox whose session agent is released, not waited for: the first cell is sent
         at once, and its run says whether the agent started (as a one-shot run's does)."""
-        sandbox = self._pool.take_for_session()
+        sandbox = self._pool.take(session=True)
         try:
             if not await self._pool.ready(sandbox):
                 raise RuntimeError("the session's sandbox did not start")

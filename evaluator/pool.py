@@ -23,14 +23,12 @@ How many are kept follows demand: ``count`` (``EVALUATOR_WARM_SANDBOXES``) at th
 run that wanted a warm sandbox and found none adds one, up to ``most``
 (``EVALUATOR_WARM_SANDBOXES_MAX``, by default :data:`DEMAND_FACTOR` times ``count``); after
 :data:`SHRINK_AFTER` seconds without such a miss, one fewer (the surplus warm one is disposed
-of). A run takes a warm sandbox only once it is warm; else it takes a cold
-one, as without them.
+of). A run takes a warm sandbox only once it is warm; else it takes a cold one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -133,21 +131,14 @@ class SandboxPool:
         #: Runs that took a warm sandbox.
         self.warm_taken = 0
 
-    def take(self) -> Sandbox:
-        """A ready sandbox, or a new one; the caller hands it to :meth:`retire` when done.
+    def take(self, *, session: bool = False) -> Sandbox:
+        """A ready sandbox, or a new one (``session``: for a session's agent, given its pipes);
+        the caller hands it to :meth:`retire` when done.
 
         Raises:
             OSError: a new sandbox could not be made.
         """
-        return self._ready.pop() if self._ready else self.prepare()
-
-    def take_for_session(self) -> Sandbox:
-        """A ready sandbox, or a new one, for a session's agent (given its pipes).
-
-        Raises:
-            OSError: a new sandbox could not be made.
-        """
-        return self._ready.pop() if self._ready else self.prepare(session=True)
+        return self._ready.pop() if self._ready else self.prepare(session=session)
 
     async def ready(self, sandbox: Sandbox) -> bool:
         """Wait until a sandbox's working directory is there to write in (see :meth:`take`).
@@ -250,9 +241,11 @@ class SandboxPool:
             self._tasks.add(self._filling)
             self._filling.add_done_callback(self._filled)
 
-    async def settled(self) -> None:
-        """Wait until the sandboxes :meth:`refill` was asked for are made (a warm one's agent
-        may still be importing)."""
+    async def settled(self, *, refill: bool = False) -> None:
+        """Wait until the sandboxes :meth:`refill` was asked for (now, with ``refill``) are
+        made (a warm one's agent may still be importing)."""
+        if refill:
+            self.refill()
         while self._filling is not None:
             await asyncio.shield(self._filling)
 
@@ -265,7 +258,7 @@ class SandboxPool:
         while self._fill_again and not self._closing:
             self._fill_again = False
             while len(self._ready) < self._target:
-                # With an agent's pipes, for a session's agent (see take_for_session); a plain
+                # With an agent's pipes, for a session's agent (see take); a plain
                 # run's launcher closes them before it execs (see JailedProcess.release).
                 sandbox = await self._make_off_loop(session=True)
                 if sandbox is None:
@@ -291,18 +284,11 @@ class SandboxPool:
     async def _make_off_loop(self, *, warm: bool = False, session: bool = False) -> Sandbox | None:
         """A sandbox made in a worker thread; ``None``: it could not be made (logged), or the
         pool is closing (it is disposed of)."""
-        made = asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self.prepare, warm=warm, session=session)
-        )
         try:
-            sandbox = await asyncio.shield(made)
+            sandbox = await self._maker.make_in_thread(warm=warm, session=session)
         except OSError:
-            kind = "warm sandbox" if warm else "sandbox"
-            log.exception("could not prepare a %s ahead of time", kind)
+            log.exception("could not prepare a%s sandbox ahead of time", " warm" if warm else "")
             return None
-        except asyncio.CancelledError:  # the loop is going away: stop what was made
-            made.add_done_callback(_kill_made)
-            raise
         if self._closing:
             await self.dispose(sandbox)
             return None
@@ -408,8 +394,3 @@ class SandboxPool:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _kill_made(made: asyncio.Future[Sandbox]) -> None:
-    if not made.cancelled() and made.exception() is None:
-        made.result().process.kill()

@@ -139,8 +139,7 @@ class Evaluator:
                 meminfo=self._meminfo,
             )
             self._watchdog.start()
-        pool.refill()
-        await pool.settled()  # a first request finds its sandbox ready
+        await pool.settled(refill=True)  # a first request finds its sandbox ready
         self._run_packages.preinstall()
         if not config.unsandboxed and self._commands is not None and self._root is not None:
             self._fontlist_task = asyncio.ensure_future(
@@ -267,10 +266,8 @@ class Evaluator:
         importing pyplot would otherwise build its own)."""
         config, commands = self.config, self._commands
         if commands is not None and config.warm_sandboxes and not self._closing:
-            most, spare = config.warm_sandboxes_max, self._slots.spare_cpu
-            pool.start_warming(
-                commands.agent_argv, config.warm_sandboxes, most, spare, self._slots.cpus
-            )
+            most, spare, cpus = config.warm_sandboxes_max, self._slots.spare_cpu, self._slots.cpus
+            pool.start_warming(commands.agent_argv, config.warm_sandboxes, most, spare, cpus)
 
     def _refill(self) -> None:
         """After each run, which may leave a CPU spare (see :mod:`.pool`); a session's cell

@@ -44,6 +44,8 @@ _ERROR_BODY_BYTES = 64 * 1024
 #: An answer up to this size is decoded on the event loop: handing it to a thread (which keeps
 #: a large one's base64 and UTF-8 decoding off the loop) costs more than the decoding.
 _DECODE_INLINE_BYTES = 64 * 1024
+#: Seconds an answer's bytes may take to arrive beyond the time its run was given.
+_TRANSFER_SECONDS = 5.0
 #: The request paths whose parsed URL a client keeps (``/eval``, ``/info`` ... come first).
 _CACHED_URLS = 16
 
@@ -191,11 +193,19 @@ class SnekboxClient:
             max_files=self.max_files,
         )
         timeout = httpx.Timeout(waited, connect=self.connect_timeout)
-        async with self._exchange("POST", path, replica, body=body, timeout=timeout) as response:
-            if response.status_code != 200:
-                raise _rejection(response.status_code, await _read_at_most(response))
-            async for chunk in response.aiter_bytes():
-                reader.feed(chunk)
+        try:
+            # Each read waits at most ``waited``, and so does the whole answer (and its bytes
+            # a little more): a service that trickles its answer does not hold the call.
+            async with asyncio.timeout(self.connect_timeout + waited + _TRANSFER_SECONDS):
+                async with self._exchange(
+                    "POST", path, replica, body=body, timeout=timeout
+                ) as response:
+                    if response.status_code != 200:
+                        raise _rejection(response.status_code, await _read_at_most(response))
+                    async for chunk in response.aiter_bytes():
+                        reader.feed(chunk)
+        except TimeoutError:
+            raise EvaluatorTimeout(self.base_url, waited) from None
         if reader.bytes_read <= _DECODE_INLINE_BYTES:
             return reader.result()
         return await asyncio.to_thread(reader.result)

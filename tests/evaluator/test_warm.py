@@ -23,6 +23,7 @@ from evaluator.cgroups import Cgroups
 from evaluator.config import EvaluatorConfig, MiB
 from evaluator.jail import JailedProcess
 from evaluator.limits import ADDRESS_SPACE_HEADROOM
+from evaluator.sandbox import SandboxMaker
 from snekbox_client import EvalRequest, EvalResult, File
 from tests.gateway.harness import WARM_AGENT, descendants
 from tests.support import sandbox_home
@@ -340,17 +341,17 @@ async def test_a_cold_sessions_first_cell_goes_before_any_sandbox_is_made_again(
     """The sandbox a new session took is made again after its first cell, not before it: the
     cell would wait for that (a directory, mounts, cgroups, a process)."""
     events: list[str] = []
-    prepare, run_cell = pool.SandboxPool.prepare, JailedProcess.run_cell
+    make, run_cell = SandboxMaker.make, JailedProcess.run_cell
 
-    def noting_prepare(self: pool.SandboxPool, **kwargs: bool) -> pool.Sandbox:
-        events.append("prepare")
-        return prepare(self, **kwargs)
+    def noting_make(self: SandboxMaker, **kwargs: bool) -> pool.Sandbox:
+        events.append("make")
+        return make(self, **kwargs)
 
     async def noting_run_cell(self: JailedProcess, *args: Any, **kwargs: Any) -> Any:
         events.append("cell")
         return await run_cell(self, *args, **kwargs)
 
-    monkeypatch.setattr(pool.SandboxPool, "prepare", noting_prepare)
+    monkeypatch.setattr(SandboxMaker, "make", noting_make)
     monkeypatch.setattr(JailedProcess, "run_cell", noting_run_cell)
     async with Evaluator(config(warm_sandboxes=0, max_sessions=2)) as ev:
         assert ev._pool is not None
@@ -362,7 +363,7 @@ async def test_a_cold_sessions_first_cell_goes_before_any_sandbox_is_made_again(
         assert result.stdout == "1\n", result
         with anyio.fail_after(60):
             await ev._pool.settled()
-            while "prepare" not in events:
+            while "make" not in events:
                 await asyncio.sleep(0.01)
                 await ev._pool.settled()
     assert events[0] == "cell", events

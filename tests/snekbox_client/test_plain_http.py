@@ -175,6 +175,27 @@ async def test_no_answer_in_time_is_a_timeout() -> None:
                 await client.eval(REQUEST)
 
 
+async def test_an_answer_trickled_past_its_time_is_a_timeout() -> None:
+    """Each byte within the read timeout, the whole far beyond it: the call ends all the same,
+    within its time and a few seconds more for the bytes (not after the 100 s of the answer)."""
+    stop = threading.Event()
+
+    def handle(connection: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            if read_request(connection):
+                connection.sendall(head(b"200 OK", b"Content-Length: 1000") + b"{")
+                while not stop.wait(0.1):
+                    connection.sendall(b" ")
+
+    with raw_server(handle) as url:
+        try:
+            async with SnekboxClient(url, timeout=0.5, connect_timeout=0.5) as client:
+                with anyio.fail_after(60), pytest.raises(EvaluatorTimeout):
+                    await client.eval(REQUEST)
+        finally:
+            stop.set()
+
+
 async def test_the_request_is_what_httpx_would_send() -> None:
     """The head names the path, the Host, the JSON body's type and length; identity only."""
     heads: list[bytes] = []
