@@ -18,13 +18,14 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.calls = Counter(
             "mcp_tool_calls",
-            "execute_python_code calls by outcome (a run's status, or the service failure)",
+            "calls of execute_python_code, get_output and interrupt by outcome (a run's status, "
+            "running for an answer while it runs, or the service failure)",
             ["outcome"],
             registry=self.registry,
         )
         self.calls_by_client = Counter(
             "mcp_tool_calls_by_client",
-            "execute_python_code calls by the client's token name and outcome (with tokens)",
+            "the calls of mcp_tool_calls by the client's token name and outcome (with tokens)",
             ["client", "outcome"],
             registry=self.registry,
         )
