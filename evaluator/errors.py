@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from snekbox_client import EvaluatorRejected
+
 __all__ = [
     "CellConflict",
     "CollectError",
@@ -98,7 +100,7 @@ class SessionsFull(EvaluatorError):
     to make it is running a cell: none is ended (its code would be killed), the request is
     refused and nothing ran; it may be retried once a cell ends."""
 
-    title = "Live sessions are busy"
+    title = EvaluatorRejected.SESSIONS_BUSY
 
     def __init__(self, session: str, held: int) -> None:
         super().__init__(

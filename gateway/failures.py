@@ -46,10 +46,6 @@ def failure_kind(exc: SnekboxError) -> str:
     return _KINDS.get(type(exc), "evaluator_error")
 
 
-#: The title of the built-in evaluator's 503 when no live session can make room for a new one.
-SESSIONS_BUSY = "Live sessions are busy"
-
-
 def explain(exc: SnekboxError, *, running: int = 1, workers: int = 1) -> str:
     """A tool error the model can act on: what failed, whether the code ran, what to do.
 
@@ -81,7 +77,7 @@ def explain(exc: SnekboxError, *, running: int = 1, workers: int = 1) -> str:
             "Retry, and if the code is slow, make it faster or smaller."
         )
     if isinstance(exc, EvaluatorRejected):
-        if exc.status_code == 503 and exc.title == SESSIONS_BUSY:
+        if exc.sessions_busy:
             return (
                 "The evaluation service holds as many live sessions as it can and every one is "
                 "running code, so no new session can start; the code did not run. Retry in a "

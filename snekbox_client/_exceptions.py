@@ -74,6 +74,10 @@ class EvaluatorTimeout(SnekboxError):
 class EvaluatorRejected(SnekboxError):
     """The service answered with an error status; ``title`` and ``description`` are its own."""
 
+    #: The title of the built-in evaluator's 503 when no live session can make room for a new
+    #: one (every one that could end runs a cell): nothing ran, and a retry may find room.
+    SESSIONS_BUSY = "Live sessions are busy"
+
     def __init__(self, status_code: int, title: str, description: str | None = None) -> None:
         message = f"the evaluation service answered {status_code}: {title}"
         if description:
@@ -82,6 +86,11 @@ class EvaluatorRejected(SnekboxError):
         self.status_code = status_code
         self.title = title
         self.description = description
+
+    @property
+    def sessions_busy(self) -> bool:
+        """Whether this is the built-in evaluator's :attr:`SESSIONS_BUSY`."""
+        return self.status_code == 503 and self.title == self.SESSIONS_BUSY
 
 
 class InvalidResponse(SnekboxError):

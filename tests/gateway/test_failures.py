@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.connection import evaluation_service
-from gateway.failures import GATEWAY_FAILED, SESSIONS_BUSY, explain
+from gateway.failures import GATEWAY_FAILED, explain
 from python_mcp_server import Gateway, Settings, create_server
 from snekbox_client import (
     ConnectionLost,
@@ -64,7 +64,9 @@ def test_a_timeout_says_whether_the_call_may_have_waited_for_a_worker() -> None:
 
 def test_a_busy_queue_and_busy_live_sessions_are_told_apart() -> None:
     queue = explain(EvaluatorRejected(503, "Evaluation queue is full", "All 2 slots are busy"))
-    sessions = explain(EvaluatorRejected(503, SESSIONS_BUSY, "all 4 sessions are running"))
+    sessions = explain(
+        EvaluatorRejected(503, EvaluatorRejected.SESSIONS_BUSY, "all 4 sessions are running")
+    )
     assert "queue is full" in queue and "queue" not in sessions
     assert "live sessions" in sessions and "did not run" in sessions
 
