@@ -8,20 +8,23 @@ so its own directory is first on ``sys.path``.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 #: The repository: the "after" of every before/after comparison.
 ROOT = Path(__file__).resolve().parents[1]
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -38,6 +41,18 @@ def percentile(samples: list[float], q: int) -> float:
     if len(samples) == 1:  # statistics.quantiles needs two
         return samples[0]
     return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
+
+
+def rounds(ways: Sequence[T], n: int) -> Iterator[list[T]]:
+    """``n`` rounds of every way, each round in a new order (seeded: runs of one ``n`` alike).
+
+    Not a rotation: with one, each way always follows the same other way, and a call's cost
+    may depend on the call before it (a one-shot's sandbox is disposed of and made again as
+    the next call runs), so that one way would pay for another.
+    """
+    order = random.Random(n)
+    for _ in range(n):
+        yield order.sample(ways, len(ways))
 
 
 def wait_ready(process: subprocess.Popen[Any], probe: str, *, timeout: float = 60) -> None:

@@ -2,10 +2,11 @@
 
 Starts the built-in evaluator as its own service and the gateway in front of it (SNEKBOX_URL),
 both under uvicorn on loopback ports, then runs ``print(1)`` N times each way, interleaved in
-one loop so that machine noise hits all three alike. The direct call sends the very request the
-gateway sends (the prelude, but in a live session's later cells), so the difference is the
-gateway alone: MCP framing, JSON-RPC, the tool layer, and one more HTTP hop; and the MCP
-client's own work (its share is not small).
+one loop (each round in a new order) so that machine noise hits every way alike; ``--gap``
+pauses before each call (a model's pace: warm sandboxes are made again meanwhile). The direct
+call sends the very request the gateway sends (the prelude, but in a live session's later
+cells), so the difference is the gateway alone: MCP framing, JSON-RPC, the tool layer, and one
+more HTTP hop; and the MCP client's own work (its share is not small).
 To tell the two apart, a third way per gateway, "plain", calls the tool over Streamable HTTP
 (protocol 2026-07-28: one JSON-RPC POST per call) with a bare httpx client, the same kind of
 client the direct call uses: the gateway's share alone. Target: at most 3 ms at p50.
@@ -29,7 +30,8 @@ milliseconds, where a call that starts a session costs an interpreter's start.
 it, started the same way (``git worktree add /tmp/bench-before <commit>``), its direct ways
 beside ours: each gateway is measured against its own evaluator.
 
-    uv run python bench/bench_gateway.py [-n 200] [--in-process] [--session] [--before DIR]
+    uv run python bench/bench_gateway.py [-n 200] [--gap 0] [--in-process] [--session]
+        [--before DIR]
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import ROOT, before_checkout, free_port, percentile, service_of
+from _common import ROOT, before_checkout, free_port, percentile, rounds, service_of
 from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.types import (
@@ -71,10 +73,10 @@ FLOOR = " (floor)"
 
 
 async def measure(
-    n: int, stacks: dict[str, tuple[str, str]], *, session: bool
+    n: int, stacks: dict[str, tuple[str, str]], *, session: bool, gap: float = 0.0
 ) -> dict[str, list[float]]:
     """``stacks``: for each name, an evaluator's URL and its gateway's; the evaluator is called
-    directly, the gateway over both transports."""
+    directly, the gateway over both transports; ``gap``: seconds of pause before each call."""
     async with AsyncExitStack() as stack:
 
         def via(client: Client) -> Callable[[], Awaitable[None]]:
@@ -111,9 +113,10 @@ async def measure(
         for _, way in ways:  # warm-up: connections, imports, first sandbox
             for _ in range(3):
                 await way()
-        for i in range(n):
-            shift = i % len(ways)
-            for name, way in ways[shift:] + ways[:shift]:
+        for order in rounds(ways, n):
+            for name, way in order:
+                if gap:
+                    await asyncio.sleep(gap)
                 started = time.perf_counter()
                 await way()
                 samples[name].append((time.perf_counter() - started) * 1000)
@@ -208,6 +211,9 @@ def main() -> None:
         "--in-process", action="store_true", help="gateways with their own evaluator"
     )
     parser.add_argument("--session", action="store_true", help="cells of one session each")
+    parser.add_argument(
+        "--gap", type=float, default=0.0, help="seconds of pause before each call (default 0)"
+    )
     parser.add_argument("--before", help="a checkout of the 'before' commit, for its gateway")
     args = parser.parse_args()
     before = before_checkout(args.before)
@@ -222,7 +228,7 @@ def main() -> None:
             env = {} if args.in_process else {"SNEKBOX_URL": evaluator_url}
             stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
             stacks[name] = (evaluator_url, f"http://127.0.0.1:{port}")
-        samples = asyncio.run(measure(args.n, stacks, session=args.session))
+        samples = asyncio.run(measure(args.n, stacks, session=args.session, gap=args.gap))
     report(samples, checkouts, in_process=args.in_process, session=args.session, n=args.n)
 
 

@@ -2,7 +2,8 @@
 
 The gateway runs as its own process with ``SNEKBOX_URL`` set to ``--snekbox-url`` (a Snekbox
 started beforehand: NsJail, one-shot runs; this bench starts no evaluator). Each way runs
-``print(1)`` N times, interleaved in one loop so that machine noise hits every way alike:
+``print(1)`` N times, interleaved in one loop (each round in a new order) so that machine noise
+hits every way alike:
 
 - ``direct /eval``: the plain ``POST /eval {"input": "print(1)"}`` a Snekbox user would send,
   with a bare ``httpx.AsyncClient`` (keep-alive, no proxies): the baseline every way is measured
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import ROOT, before_checkout, free_port, percentile, service_of
+from _common import ROOT, before_checkout, free_port, percentile, rounds, service_of
 from mcp import Client
 from mcp.client.sse import sse_client
 
@@ -82,9 +83,8 @@ async def measure(n: int, snekbox_url: str, gateways: dict[str, str]) -> dict[st
         for _, way in ways:  # warm-up: connections, imports, Snekbox's first runs
             for _ in range(3):
                 await way()
-        for i in range(n):
-            shift = i % len(ways)
-            for name, way in ways[shift:] + ways[:shift]:
+        for order in rounds(ways, n):
+            for name, way in order:
                 started = time.perf_counter()
                 await way()
                 samples[name].append((time.perf_counter() - started) * 1000)
