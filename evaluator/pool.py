@@ -246,8 +246,13 @@ class SandboxPool:
         made (a warm one's agent may still be importing)."""
         if refill:
             self.refill()
-        while self._filling is not None:
-            await asyncio.shield(self._filling)
+        while (filling := self._filling) is not None:
+            if filling.done():
+                # Awaiting it would return at once, before its _filled (scheduled) clears
+                # _filling: this would spin and never let the loop run it.
+                await asyncio.sleep(0)
+            else:
+                await asyncio.shield(filling)
 
     def refill_soon(self) -> None:
         """:meth:`refill` once the answer that is on its way has gone (see :meth:`_retire`)."""

@@ -235,6 +235,25 @@ async def test_closing_does_not_spin_on_a_disposal_whose_callbacks_have_not_run(
     assert not pool._tasks
 
 
+@pytest.mark.timeout(30)
+async def test_waiting_for_the_pool_does_not_spin_on_a_fill_whose_callback_has_not_run() -> None:
+    """The task that makes sandboxes has just finished, its done callback (which clears it)
+    not yet run: awaiting the finished task returns without yielding, so a wait that looped
+    until it was cleared would spin for ever, the service's loop stuck before it answers
+    (seen: an evaluator at 100% CPU in its start; pytest-timeout's signal stops it)."""
+    async with Evaluator(config(prewarm=False)) as evaluator:
+        pool = evaluator._pool
+        assert pool is not None
+        await pool.settled()
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ended.add_done_callback(pool._filled)  # type: ignore[arg-type] # as refill does
+        pool._filling = ended  # type: ignore[assignment]
+        ended.set_result(None)  # its callback scheduled, not run
+        with anyio.fail_after(20):
+            await pool.settled()
+        assert pool._filling is None
+
+
 async def test_a_restrictive_umask_changes_nothing_the_sandboxes_see() -> None:
     """A service started with systemd's ``UMask=0077``: the directories made for the runs' user
     (the covers of what it may not traverse, a session's package directory) keep their modes."""
