@@ -49,6 +49,7 @@ from _common import (
     free_port,
     machine_busy,
     percentile,
+    rounds,
     service_of,
     status_kib,
 )
@@ -133,8 +134,9 @@ async def one_cell(way: Way, lines: int, seconds: float) -> None:
     way.printed += len(LINE.findall(found["stdout"]))
 
 
-async def measure_latency(gateways: dict[str, str], seconds: float, rounds: int) -> dict[str, Way]:
-    """``gateways``: a name for each gateway's URL; each is called over both transports."""
+async def measure_latency(gateways: dict[str, str], seconds: float, n: int) -> dict[str, Way]:
+    """``gateways``: a name for each gateway's URL; each is called over both transports, ``n``
+    cells each way, interleaved."""
     lines = max(round(seconds / 0.1), 1)
     ways: dict[str, Way] = {}
     async with AsyncExitStack() as stack:
@@ -145,10 +147,8 @@ async def measure_latency(gateways: dict[str, str], seconds: float, rounds: int)
         for way in ways.values():  # a session each, its interpreter started
             found = await tool(way.client, "execute_python_code", {"code": "print(1)"})
             way.session_id = found["session_id"]
-        order = list(ways.values())
-        for i in range(rounds):
-            shift = i % len(order)
-            for way in order[shift:] + order[:shift]:
+        for order in rounds(list(ways.values()), n):
+            for way in order:
                 await one_cell(way, lines, seconds)
     return ways
 
