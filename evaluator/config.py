@@ -288,8 +288,10 @@ class EvaluatorConfig(ConfigRules):
         Field(
             ge=0,
             lt=1,
-            description="share of the host's memory (`MemTotal`) kept available: while "
-            "`MemAvailable` is below it, the live session whose processes hold the most memory "
+            description="share of the host's memory (`MemTotal`) kept available, or of the "
+            "limit of a memory cgroup the evaluator is in where that leaves less (a container's "
+            "or a pod's): while what is available is below it, the live session whose processes "
+            "hold the most memory "
             "(resident memory no file backs, plus its working directory and `/dev/shm`) is ended, "
             "one a second, and its next call is told why; `0`: off",
         ),

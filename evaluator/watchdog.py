@@ -3,8 +3,10 @@
 Where no memory cgroup bounds a session (an ordinary user's evaluator), only each process's
 address-space rlimit holds it, which misses tmpfs, ``/dev/shm``, socket buffers and the number of
 processes: idle sessions can then hold more than the host has. While any live session is open,
-the watchdog reads ``MemAvailable`` every second (one read of ``/proc/meminfo``, so it runs in
-every mode). Below the reserve (``memory_reserve`` of ``MemTotal``), it measures every live
+the watchdog reads ``MemAvailable`` every second (``/proc/meminfo``, so it runs in every mode),
+or where a memory cgroup the evaluator is in leaves less (a container's or a pod's limit, which
+the kernel's OOM killer enforces before the host runs short), that cgroup's limit and what is
+left below it. Below the reserve (``memory_reserve`` of that total), it measures every live
 session and ends the largest, one per check, until memory is available again; the session's next
 call is told why (:class:`MemoryEnded`).
 
@@ -30,7 +32,14 @@ from .config import MiB
 from .pool import Sandbox
 from .procfs import descendants
 
-__all__ = ["MemInfo", "MemoryEnded", "MemoryWatchdog", "read_meminfo", "session_memory"]
+__all__ = [
+    "MemInfo",
+    "MemoryEnded",
+    "MemoryWatchdog",
+    "cgroup_meminfo",
+    "read_meminfo",
+    "session_memory",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +56,85 @@ class MemInfo(NamedTuple):
     available: int
 
 
-def read_meminfo() -> MemInfo:
-    """``MemTotal`` and ``MemAvailable`` from ``/proc/meminfo``."""
+def read_meminfo(proc: Path = Path("/proc")) -> MemInfo:
+    """The memory the evaluator may still use: ``MemTotal`` and ``MemAvailable`` from
+    ``/proc/meminfo``, or where a memory cgroup it is in leaves less (a container's or a pod's
+    limit, which the kernel enforces first), that cgroup's (see :func:`cgroup_meminfo`)."""
     values = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
+    for line in (proc / "meminfo").read_text().splitlines():
         name, _, rest = line.partition(":")
         if name in ("MemTotal", "MemAvailable"):
             values[name] = int(rest.split()[0]) * 1024
-    return MemInfo(values["MemTotal"], values["MemAvailable"])
+    host = MemInfo(values["MemTotal"], values["MemAvailable"])
+    bounded = cgroup_meminfo(proc / "self")
+    return bounded if bounded is not None and bounded.available < host.available else host
+
+
+def cgroup_meminfo(process: Path = Path("/proc/self")) -> MemInfo | None:
+    """The tightest memory limit of ``process``'s cgroup and its ancestors (v1
+    ``memory.limit_in_bytes``, else v2 ``memory.max``), as that limit and what is left below
+    it; ``None`` where none is set or none can be read.
+
+    What is left is the limit less the usage, the inactive file cache excepted (the kernel
+    reclaims it before it kills: what kubelet calls the working set).
+    """
+    found: MemInfo | None = None
+    for directory, v1 in _memory_cgroups(process):
+        limit_file, usage_file, inactive = (
+            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+            if v1
+            else ("memory.max", "memory.current", "inactive_file")
+        )
+        try:
+            limit = (directory / limit_file).read_text().strip()
+            if not limit.isdigit() or int(limit) >= _NO_LIMIT:
+                continue
+            usage = int((directory / usage_file).read_text())
+            stat = dict(
+                line.split(" ", 1) for line in (directory / "memory.stat").read_text().splitlines()
+            )
+            used = usage - int(stat.get(inactive, 0))
+        except (OSError, ValueError):
+            continue
+        here = MemInfo(int(limit), max(0, int(limit) - used))
+        if found is None or here.available < found.available:
+            found = here
+    return found
+
+
+#: A limit at or above this is none (v1 writes 2**63 rounded down to a page for "unlimited").
+_NO_LIMIT = 1 << 60
+
+
+def _memory_cgroups(process: Path) -> list[tuple[Path, bool]]:
+    """The directories of ``process``'s memory cgroup and its ancestors up to the mount's
+    root, each with whether it is v1: the v1 memory hierarchy where one is mounted (hybrid
+    hosts), else the unified one."""
+    try:
+        mounts = [line.split() for line in (process / "mountinfo").read_text().splitlines()]
+        groups = [line.split(":", 2) for line in (process / "cgroup").read_text().splitlines()]
+    except OSError:
+        return []
+    for v1 in (True, False):
+        own = next((g[2] for g in groups if len(g) == 3 and _is_memory(g[1], v1)), None)
+        for fields in mounts:
+            fstype, options = fields[fields.index("-") + 1], fields[fields.index("-") + 3]
+            if own is None or fstype != ("cgroup" if v1 else "cgroup2"):
+                continue
+            if v1 and "memory" not in options.split(","):
+                continue
+            # The mount shows the hierarchy from its root (a container's cgroup, or "/").
+            root, mount_point = Path(fields[3]), Path(fields[4])
+            below = Path(own).relative_to(root) if Path(own).is_relative_to(root) else Path()
+            directory = mount_point / below
+            ancestors = (directory, *directory.parents)
+            return [(d, v1) for d in ancestors if d.is_relative_to(mount_point)]
+    return []
+
+
+def _is_memory(controllers: str, v1: bool) -> bool:
+    """Whether a ``/proc/<pid>/cgroup`` line's controllers are v1's memory, or v2's (none)."""
+    return "memory" in controllers.split(",") if v1 else controllers == ""
 
 
 def session_memory(sandbox: Sandbox) -> int:

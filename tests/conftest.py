@@ -28,6 +28,7 @@ FAST_MODULES = frozenset(
         "tests.serving.test_slots",
         "tests.serving.test_table",
         "tests.evaluator.test_errors",
+        "tests.evaluator.test_meminfo",
         "tests.evaluator.test_pump",
         "tests.evaluator.test_run_slots",
         "tests.snekbox_client.test_exported_members",

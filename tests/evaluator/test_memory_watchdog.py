@@ -10,16 +10,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
 from evaluator import Evaluator, EvaluatorConfig, SessionNotFound, create_app, limits
-from evaluator.cgroups import Cgroups
+from evaluator.cgroups import Cgroups, _cgroup_mounts, _own_v1_cgroup
 from evaluator.config import MiB
 from evaluator.watchdog import MemInfo, MemoryEnded, read_meminfo
 from snekbox_client import EvalRequest, EvalResult
+from tests.support import closed_port
 
 from .conftest import config
 
@@ -165,3 +172,73 @@ async def test_the_evaluator_reports_the_cap_it_derived() -> None:
     pinned = config(preimport=(), max_sessions=3)
     async with Evaluator(pinned) as evaluator:
         assert evaluator.session_limit == 3 == evaluator.info().max_sessions
+
+
+@pytest.fixture
+def limited_cgroup() -> Iterator[Path]:
+    """A v1 memory cgroup of 1 GiB below this process's, removed after the test."""
+    mount, own = _cgroup_mounts().get("memory"), _own_v1_cgroup("memory")
+    if os.geteuid() != 0 or mount is None or own is None:
+        pytest.skip(
+            "needs root and a cgroup v1 memory hierarchy (the fake trees of "
+            "test_meminfo.py cover cgroup v2)"
+        )
+    path = mount / own.lstrip("/") / f"test-watchdog-{os.getpid()}"
+    path.mkdir()
+    try:
+        (path / "memory.limit_in_bytes").write_text(str(GiB))
+        yield path
+    finally:
+        for _ in range(100):  # its processes may still be leaving
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_in_a_container_the_watchdog_acts_before_the_containers_limit(
+    limited_cgroup: Path, tmp_path: Path
+) -> None:
+    """An evaluator in a memory cgroup of 1 GiB on a host of many: ``/proc/meminfo`` shows the
+    host's memory, and only the cgroup's reading makes two sessions of 250 MiB cross a 50%
+    reserve: one of them ends (its next call told why), the other keeps its state."""
+    port = closed_port()
+    env = {
+        **os.environ,
+        "EVALUATOR_WARM_SANDBOXES": "0",
+        "EVALUATOR_PREIMPORT": "",
+        "EVALUATOR_MEMORY_RESERVE": "0.5",
+        "EVALUATOR_MAX_SESSIONS": "4",
+    }
+    command = [sys.executable, "-m", "evaluator", "--port", str(port), "--log-level", "info"]
+    log = tmp_path / "evaluator.log"  # a file: a pipe nobody reads would fill and stall it
+    join = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(limited_cgroup / "cgroup.procs")]
+    with log.open("w") as stderr:
+        process = subprocess.Popen([*join, *command], env=env, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 120
+        while "Uvicorn running on" not in log.read_text():  # once it listens
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+            fill = "held = bytearray(b'x') * (250 << 20)"  # writes every page
+            for name in ("a", "b"):
+                answer = http.post("/eval", json={"input": fill, "session": name})
+                assert answer.status_code == 200 and answer.json()["returncode"] == 0, answer.text
+            deadline = time.monotonic() + 120
+            ended: list[str] = []
+            while not ended and time.monotonic() < deadline:
+                for name in ("a", "b"):
+                    body = {"input": "print(len(held))", "session": name, "session_resume": True}
+                    answer = http.post("/eval", json=body)
+                    if answer.status_code == 404:
+                        assert "running out of memory" in answer.json()["description"], answer.text
+                        ended.append(name)
+                    else:
+                        assert answer.json()["stdout"] == f"{250 << 20}\n", answer.text
+                time.sleep(0.2)
+            assert len(ended) == 1, f"sessions ended for memory: {ended}"
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
