@@ -24,7 +24,7 @@ from pathlib import Path
 from .procfs import alive
 from .run_cgroup import LEAST_WEIGHT, RunCgroup
 
-__all__ = ["Cgroups", "RunCgroup"]
+__all__ = ["NO_LIMIT", "Cgroups", "RunCgroup", "memory_cgroups", "own_memory_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -281,27 +281,52 @@ def _move_all_then_enable(source: Path, leaf: Path, enable: str) -> None:
             time.sleep(0.01)
 
 
-def own_memory_limit() -> int | None:
+def own_memory_limit(process: Path = Path("/proc/self")) -> int | None:
     """The smallest memory limit, in bytes, on this process's cgroup and its ancestors (a
     container's ``mem_limit``, a systemd unit's ``MemoryMax``); ``None``: none is set here."""
-    mounts = _cgroup_mounts()
-    places = []
-    if "cgroup2" in mounts and (own := _own_v2_cgroup()) is not None:
-        places.append((mounts["cgroup2"], own, "memory.max"))
-    if "memory" in mounts and (own := _own_v1_cgroup("memory")) is not None:
-        places.append((mounts["memory"], own, "memory.limit_in_bytes"))
     limits = []
-    for root, own, name in places:
-        directory = root / own.lstrip("/")
-        while directory == root or root in directory.parents:
-            with contextlib.suppress(OSError):
-                value = (directory / name).read_text().strip()
-                if value.isdigit():  # v2 says "max" when unlimited
-                    limits.append(int(value))
-            if directory == root:
-                break
-            directory = directory.parent
+    for directory, v1 in memory_cgroups(process):
+        with contextlib.suppress(OSError):
+            value = (directory / ("memory.limit_in_bytes" if v1 else "memory.max")).read_text()
+            if value.strip().isdigit() and int(value) < NO_LIMIT:  # v2 says "max" for none
+                limits.append(int(value))
     return min(limits, default=None)
+
+
+#: A memory limit at or above this is none (v1 writes 2**63 rounded down to a page for
+#: "unlimited").
+NO_LIMIT = 1 << 60
+
+
+def memory_cgroups(process: Path = Path("/proc/self")) -> list[tuple[Path, bool]]:
+    """The directories of ``process``'s memory cgroup and its ancestors up to the mount's
+    root, each with whether it is v1: the v1 memory hierarchy where one is mounted (hybrid
+    hosts), else the unified one."""
+    try:
+        mounts = [line.split() for line in (process / "mountinfo").read_text().splitlines()]
+        groups = [line.split(":", 2) for line in (process / "cgroup").read_text().splitlines()]
+    except OSError:
+        return []
+    for v1 in (True, False):
+        own = next((g[2] for g in groups if len(g) == 3 and _is_memory(g[1], v1)), None)
+        for fields in mounts:
+            fstype, options = fields[fields.index("-") + 1], fields[fields.index("-") + 3]
+            if own is None or fstype != ("cgroup" if v1 else "cgroup2"):
+                continue
+            if v1 and "memory" not in options.split(","):
+                continue
+            # The mount shows the hierarchy from its root (a container's cgroup, or "/").
+            root, mount_point = Path(fields[3]), Path(fields[4])
+            below = Path(own).relative_to(root) if Path(own).is_relative_to(root) else Path()
+            directory = mount_point / below
+            ancestors = (directory, *directory.parents)
+            return [(d, v1) for d in ancestors if d.is_relative_to(mount_point)]
+    return []
+
+
+def _is_memory(controllers: str, v1: bool) -> bool:
+    """Whether a ``/proc/<pid>/cgroup`` line's controllers are v1's memory, or v2's (none)."""
+    return "memory" in controllers.split(",") if v1 else controllers == ""
 
 
 def _cgroup_mounts() -> dict[str, Path]:

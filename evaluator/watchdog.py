@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from .cgroups import NO_LIMIT, memory_cgroups
 from .config import MiB
 from .pool import Sandbox
 from .procfs import descendants
@@ -79,7 +80,7 @@ def cgroup_meminfo(process: Path = Path("/proc/self")) -> MemInfo | None:
     reclaims it before it kills: what kubelet calls the working set).
     """
     found: MemInfo | None = None
-    for directory, v1 in _memory_cgroups(process):
+    for directory, v1 in memory_cgroups(process):
         limit_file, usage_file, inactive = (
             ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
             if v1
@@ -87,7 +88,7 @@ def cgroup_meminfo(process: Path = Path("/proc/self")) -> MemInfo | None:
         )
         try:
             limit = (directory / limit_file).read_text().strip()
-            if not limit.isdigit() or int(limit) >= _NO_LIMIT:
+            if not limit.isdigit() or int(limit) >= NO_LIMIT:
                 continue
             usage = int((directory / usage_file).read_text())
             stat = dict(
@@ -100,41 +101,6 @@ def cgroup_meminfo(process: Path = Path("/proc/self")) -> MemInfo | None:
         if found is None or here.available < found.available:
             found = here
     return found
-
-
-#: A limit at or above this is none (v1 writes 2**63 rounded down to a page for "unlimited").
-_NO_LIMIT = 1 << 60
-
-
-def _memory_cgroups(process: Path) -> list[tuple[Path, bool]]:
-    """The directories of ``process``'s memory cgroup and its ancestors up to the mount's
-    root, each with whether it is v1: the v1 memory hierarchy where one is mounted (hybrid
-    hosts), else the unified one."""
-    try:
-        mounts = [line.split() for line in (process / "mountinfo").read_text().splitlines()]
-        groups = [line.split(":", 2) for line in (process / "cgroup").read_text().splitlines()]
-    except OSError:
-        return []
-    for v1 in (True, False):
-        own = next((g[2] for g in groups if len(g) == 3 and _is_memory(g[1], v1)), None)
-        for fields in mounts:
-            fstype, options = fields[fields.index("-") + 1], fields[fields.index("-") + 3]
-            if own is None or fstype != ("cgroup" if v1 else "cgroup2"):
-                continue
-            if v1 and "memory" not in options.split(","):
-                continue
-            # The mount shows the hierarchy from its root (a container's cgroup, or "/").
-            root, mount_point = Path(fields[3]), Path(fields[4])
-            below = Path(own).relative_to(root) if Path(own).is_relative_to(root) else Path()
-            directory = mount_point / below
-            ancestors = (directory, *directory.parents)
-            return [(d, v1) for d in ancestors if d.is_relative_to(mount_point)]
-    return []
-
-
-def _is_memory(controllers: str, v1: bool) -> bool:
-    """Whether a ``/proc/<pid>/cgroup`` line's controllers are v1's memory, or v2's (none)."""
-    return "memory" in controllers.split(",") if v1 else controllers == ""
 
 
 def session_memory(sandbox: Sandbox) -> int:

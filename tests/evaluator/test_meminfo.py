@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluator.cgroups import own_memory_limit
 from evaluator.watchdog import MemInfo, cgroup_meminfo, read_meminfo
 
 MiB = 1 << 20
@@ -121,3 +122,17 @@ def test_usage_over_the_limit_leaves_nothing(tmp_path: Path) -> None:
         {"memory.max": str(GiB), "memory.current": str(2 * GiB), "memory.stat": "inactive_file 0"},
     )
     assert read_meminfo(proc) == MemInfo(GiB, 0)
+
+
+def test_the_tightest_limit_of_the_cgroup_and_its_ancestors_bounds_the_sessions(
+    tmp_path: Path,
+) -> None:
+    """What the default cap on live sessions counts (a container's ``mem_limit``)."""
+    proc, base = fake_proc(tmp_path, "0::/pod/ctr\n", [("/", "fs/cgroup", "cgroup2", "")])
+    cgroup_dir(base / "fs/cgroup/pod", {"memory.max": str(2 * GiB)})
+    cgroup_dir(base / "fs/cgroup/pod/ctr", {"memory.max": str(3 * GiB)})
+    assert own_memory_limit(proc / "self") == 2 * GiB
+    (base / "fs/cgroup/pod/memory.max").write_text("max\n")
+    assert own_memory_limit(proc / "self") == 3 * GiB
+    (base / "fs/cgroup/pod/ctr/memory.max").write_text("max\n")
+    assert own_memory_limit(proc / "self") is None
