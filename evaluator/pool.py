@@ -23,14 +23,13 @@ How many are kept follows demand (see :mod:`.warming`): ``count``
 (``EVALUATOR_WARM_SANDBOXES``) at the least, up to ``most`` (``EVALUATOR_WARM_SANDBOXES_MAX``)
 while runs find none. A run takes a warm sandbox only once it is warm.
 
-When they import modules (``EVALUATOR_PREIMPORT``), ``count`` *started* sandboxes are kept
-beside them (with the defaults, 2 started and 2 to 8 warm; none when ``most`` is ``count``):
-the interpreter and agent started, nothing imported (about 4 MiB, and a few hundredths of a
-CPU-second to make, where the imports take tenths). A run that finds no warm sandbox takes
-one of those (it saves the interpreter's start), else a cold one: calls that come faster than
-sandboxes can be warmed (a model calling without ``session_id`` in a loop) still skip the
-start. They are made before warm ones, one at a time (beside those warming, with a cpu
-controller).
+When they import modules (``EVALUATOR_PREIMPORT``), up to ``count`` *started* sandboxes are
+kept too, within ``most`` (with the defaults, 2 started and 2 to 6 warm; none when ``most`` is
+``count``): the interpreter and agent started, nothing imported (a few hundredths of a CPU-second to
+make, where the imports take tenths). A run that finds no warm sandbox takes one of those (it
+saves the interpreter's start), else a cold one: calls that come faster than sandboxes can
+be warmed (a model calling without ``session_id`` in a loop) still skip the start. They are
+made before warm ones, one at a time (beside those warming, with a cpu controller).
 """
 
 from __future__ import annotations
@@ -184,9 +183,9 @@ class SandboxPool:
     ) -> None:
         """Keep ``count`` warm sandboxes at the least, and as demand asks up to ``most``
         (``None``: :data:`.warming.DEMAND_FACTOR` times ``count``), running ``agent(workdir)``
-        (bwrap's command line); and ``count`` started ones beside them where ``most`` is
-        above ``count``, running ``started(workdir)``, the agent importing nothing (``None``:
-        none, ``agent`` imports nothing either).
+        (bwrap's command line); and up to ``count`` started ones within ``most``, running
+        ``started(workdir)``, the agent importing nothing (``None``: none, ``agent`` imports
+        nothing either).
 
         ``spare_cpu``: whether fewer runs are in progress than the service has CPUs; without a
         cpu controller, a sandbox is warmed only then (see the module). ``cpus``: the service's
@@ -195,9 +194,9 @@ class SandboxPool:
         self._spare_cpu = spare_cpu
         self._full = Tier(agent, max(1, cpus))
         self._demand = WarmDemand(count, most)
-        # Beside the warm ones, where demand may grow: a pool asked to keep exactly ``count``
-        # (a bound on its processes) has no started ones.
-        self._started_kept = count if started and self._demand.most > count else 0
+        # Within the most kept: a pool asked to keep exactly ``count`` has no started ones.
+        self._started_kept = min(count, self._demand.most - count) if started else 0
+        self._demand.most -= self._started_kept
         self._started = Tier(started, 1) if started and self._started_kept else None
         self.refill()
 
