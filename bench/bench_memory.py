@@ -82,7 +82,7 @@ def kind_of(pid: int) -> str | None:
         return "launcher"
     if os.path.basename(argv[0]).startswith((b"bwrap", b"bubblewrap")):
         return "bwrap"
-    if any(arg.endswith(b"agent.py") for arg in argv[:2]):
+    if any(arg.endswith((b"agent.py", b"agent.pyc")) for arg in argv[:2]):
         return "warm agent"
     return "interpreter"
 

@@ -248,8 +248,7 @@ class SandboxPool:
             self.refill()
         while (filling := self._filling) is not None:
             if filling.done():
-                # Awaiting it would return at once, before its _filled (scheduled) clears
-                # _filling: this would spin and never let the loop run it.
+                # Awaiting it returns at once: yield, so that its _filled clears _filling.
                 await asyncio.sleep(0)
             else:
                 await asyncio.shield(filling)
