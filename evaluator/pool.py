@@ -335,6 +335,8 @@ class SandboxPool:
         pending = bytearray()
 
         def on_output(chunk: bytes) -> bool:
+            if self._closing or sandbox not in self._warming:  # aclose disposes of it
+                return False
             pending.extend(chunk)
             while pending and expected and pending[:1] == expected[0]:
                 del pending[:1]
@@ -357,8 +359,6 @@ class SandboxPool:
 
     def _warming_failed(self, sandbox: Sandbox, output: bytes) -> bool:
         """A warm sandbox that did not get warm: no more are made (the next would fail too)."""
-        if self._closing or sandbox not in self._warming:
-            return False
         log.warning(
             "warm sandboxes are turned off: one failed to start (memory limit too low for "
             "EVALUATOR_PREIMPORT?): %s",

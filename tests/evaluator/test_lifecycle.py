@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 
 from evaluator import Evaluator, SandboxUnavailable, startup
+from evaluator._agent import WARM
 from evaluator.cgroups import _cgroup_mounts, _own_v1_cgroup
+from evaluator.pool import SandboxPool
 from evaluator.procfs import status
+from evaluator.sandbox import Sandbox
 from snekbox_client import EvalRequest, EvalResult
 from tests.support import memory_is_a_cgroup
 
@@ -270,3 +274,48 @@ async def test_a_restrictive_umask_changes_nothing_the_sandboxes_see() -> None:
         os.umask(old)
     assert (one_shot.stdout, one_shot.returncode) == ("4\n", 0)
     assert (session.stdout, session.returncode) == ("6\n", 0)
+
+
+async def test_a_sandbox_that_gets_warm_while_the_service_closes_is_disposed_of(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closing disposes of the warm sandboxes, then of those still warming; one that got warm
+    meanwhile once moved back among the warm ones, already emptied: its mount was left below
+    the service's root (``a mount point is left below`` from ``aclose``)."""
+    warm: dict[int, asyncio.Event] = {}
+    watcher = SandboxPool._watcher
+
+    def watching(self: SandboxPool, sandbox: Sandbox) -> Callable[[bytes], bool]:
+        on_output = watcher(self, sandbox)
+        warm[id(sandbox)] = asyncio.Event()
+
+        def noting(chunk: bytes) -> bool:
+            if WARM in chunk:
+                warm[id(sandbox)].set()
+            return on_output(chunk)
+
+        return noting
+
+    monkeypatch.setattr(SandboxPool, "_watcher", watching)
+    settings = config(warm_sandboxes=2, concurrency=2, preimport=("numpy", "pandas"))
+    disposed: list[Sandbox] = []
+    async with Evaluator(settings) as ev:
+        sandboxes = ev._pool
+        assert sandboxes is not None
+        if sandboxes._cgroups.cpu is None:
+            pytest.skip("no cpu controller: one sandbox warms at a time")
+        with anyio.fail_after(240):
+            while len(sandboxes._warming) < 2:  # noqa: ASYNC110 - nothing to wait on
+                await asyncio.sleep(0.01)
+        warming = list(sandboxes._warming)
+        dispose = sandboxes._maker.dispose
+
+        async def disposing(sandbox: Sandbox) -> None:
+            if sandbox is warming[-1]:  # the first disposed of: the other gets warm meanwhile
+                with anyio.fail_after(240):
+                    await warm[id(warming[0])].wait()
+            disposed.append(sandbox)
+            await dispose(sandbox)
+
+        monkeypatch.setattr(sandboxes._maker, "dispose", disposing)
+    assert all(any(s is d for d in disposed) for s in warming), "a sandbox was not disposed of"
