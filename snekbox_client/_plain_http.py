@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import select
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -58,6 +59,16 @@ def _buffered(reader: asyncio.StreamReader) -> bool:
     return not isinstance(buffer, bytearray | bytes) or len(buffer) > 0
 
 
+def _readable(writer: asyncio.StreamWriter) -> bool:
+    """Whether the socket has something to read now: bytes, an end of file or an error."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:  # not a socket's: the loop's own view has to do
+        return False
+    poller = select.poll()  # not select.select: a busy gateway's descriptors pass 1024
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class _Connection:
     """One TCP connection: its streams, and when it went idle."""
 
@@ -71,7 +82,12 @@ class _Connection:
     def usable(self, now: float, expiry: float) -> bool:
         """Whether an idle connection may carry another request: not expired, and not closed
         by the server meanwhile (its end of file, or an error, arrived while it was idle), and
-        nothing came on it since its last answer."""
+        nothing came on it since its last answer.
+
+        The socket itself is asked too: the event loop learns of an end of file only when it
+        next polls, and a request written after the server died would be answered by a reset
+        (the code "may have run") where a new connection is refused (it did not).
+        """
         reader = self.reader
         return (
             now - self.idle_since < expiry
@@ -79,6 +95,7 @@ class _Connection:
             and not reader.at_eof()
             and reader.exception() is None
             and not _buffered(reader)
+            and not _readable(self.writer)
         )
 
     def close(self) -> None:

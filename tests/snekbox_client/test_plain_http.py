@@ -223,6 +223,26 @@ async def test_the_request_is_what_httpx_would_send() -> None:
 # -- the transport itself, against answers no honest server sends ------------------------------
 
 
+async def test_an_idle_connection_closed_before_the_loop_saw_it_is_not_reused() -> None:
+    """The server's end of file is in the socket, but the event loop has not polled since: the
+    socket itself says so (reused, the request would meet a reset: "the code may have run")."""
+    answer = head(b"200 OK", b"Content-Length: %d" % len(ANSWER)) + ANSWER
+    closed = threading.Event()
+
+    def handle(connection: socket.socket) -> None:
+        if read_request(connection):
+            connection.sendall(answer)
+        if not closed.is_set():  # the first connection only
+            connection.shutdown(socket.SHUT_RDWR)
+            closed.set()
+
+    transport = keeping()
+    async with serving(handle, transport) as url:
+        await fetch(url, transport)
+        assert closed.wait(10)  # blocking: the loop does not turn until the next request
+        assert (await fetch(url, transport))[1] == ANSWER
+
+
 def holding(answer: bytes, *, closed: list[bool] | None = None) -> Callable[[socket.socket], None]:
     """A raw server's handler that answers the first request with ``answer`` and then holds
     the connection until the client leaves (``closed`` gets ``True`` when it does): an answer
@@ -472,6 +492,9 @@ async def test_the_idle_check_needs_no_private_buffer_to_be_safe() -> None:
     class Writer:
         def is_closing(self) -> bool:
             return False
+
+        def get_extra_info(self, name: str) -> None:
+            return None
 
     def usable(reader: object) -> bool:
         connection = _Connection(reader, Writer())  # type: ignore[arg-type]
