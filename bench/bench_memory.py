@@ -21,9 +21,10 @@ There is no target: the numbers say what warm sandboxes cost (``after/before``).
 
 First (``--only at-rest``: only this, ~20 s), what one sandbox holds at rest: an evaluator
 service of this tree (``python -m evaluator``, defaults but ``--count`` warm sandboxes), its
-``--count`` warm sandboxes side by side, then ``--count`` live sessions, each after its first
-cell (imports numpy, pandas, matplotlib.pyplot and saves a plot), beside the warm sandboxes made
-again. Per sandbox (the mean): RSS, PSS, USS (Private_Clean + Private_Dirty) and Shared_* of
+``--count`` warm sandboxes side by side (and its started ones, nothing imported), then
+``--count`` live sessions, each after its first cell (imports numpy, pandas,
+matplotlib.pyplot and saves a plot), beside the warm sandboxes made again. Per sandbox (the
+mean): RSS, PSS, USS (Private_Clean + Private_Dirty) and Shared_* of
 ``/proc/<pid>/smaps_rollup`` summed over its processes (bwrap, its init, the agent), what its
 memory cgroup is charged, and the agent's memory by kind of mapping (``/proc/<pid>/smaps``):
 anonymous, shared libraries by owner, other files. PSS against RSS says what is shared with the
@@ -68,7 +69,9 @@ LOAD_LIMIT = 200.0
 QUIET = 1.5
 IDLE_TIMEOUT = 90.0
 ADMISSION = {"MCP_MAX_WAITING": "100", "MCP_MAX_WAIT": "120"}  # as bench_load.py: none refused
-KINDS = ("launcher", "bwrap", "warm agent", "interpreter")
+#: How the agent's file ends (``agent.pyc``, compiled into the sandbox's /run; once a script).
+AGENT = (b"agent.py", b"agent.pyc")
+KINDS = ("launcher", "bwrap", "warm agent", "started agent", "interpreter")
 
 
 def kind_of(pid: int) -> str | None:
@@ -82,8 +85,10 @@ def kind_of(pid: int) -> str | None:
         return "launcher"
     if os.path.basename(argv[0]).startswith((b"bwrap", b"bubblewrap")):
         return "bwrap"
-    if any(arg.endswith((b"agent.py", b"agent.pyc")) for arg in argv[:2]):
-        return "warm agent"
+    if any(arg.endswith(AGENT) for arg in argv[:2]):
+        # A started sandbox's agent imports nothing: no module follows it (see evaluator.pool).
+        at = next(i for i, arg in enumerate(argv) if arg.endswith(AGENT))
+        return "warm agent" if any(argv[at + 1 :]) else "started agent"
     return "interpreter"
 
 
@@ -362,9 +367,10 @@ class SandboxReading:
     cgroup: int  # KiB charged to its memory cgroup (what its limit counts), 0: unknown
 
 
-def agents_of(service: int) -> list[int]:
-    """The interpreters of the service's warm sandboxes and live sessions (``_agent.py``)."""
-    return [pid for pid in descendants(service) if kind_of(pid) == "warm agent"]
+def agents_of(service: int, kind: str = "warm agent") -> list[int]:
+    """The interpreters of the service's warm sandboxes and live sessions (``_agent.py``), or
+    of its started sandboxes (``kind="started agent"``)."""
+    return [pid for pid in descendants(service) if kind_of(pid) == kind]
 
 
 def is_session(agent: int) -> bool:
@@ -439,6 +445,7 @@ class AtRest:
 
     count: int
     warm: list[SandboxReading]
+    started: list[SandboxReading]
     live: list[SandboxReading]
     warm_beside_live: list[SandboxReading]
     seconds: float
@@ -458,12 +465,17 @@ def sandboxes_at_rest(count: int) -> AtRest:
             raise SystemExit(f"the first run failed: {result.status_code} {result.text}")
         warm, _ = settle(process.pid, count, 0)
         warm_readings = [read_sandbox(process.pid, agent) for agent in warm]
+        started_readings = [
+            read_sandbox(process.pid, agent) for agent in agents_of(process.pid, "started agent")
+        ]
         for i in range(count):
             start_session(url, f"bench-memory-{i}")
         warm, live = settle(process.pid, count, count)
         beside = [read_sandbox(process.pid, agent) for agent in warm]
         live_readings = [read_sandbox(process.pid, agent) for agent in live]
-    return AtRest(count, warm_readings, live_readings, beside, time.monotonic() - started)
+    return AtRest(
+        count, warm_readings, started_readings, live_readings, beside, time.monotonic() - started
+    )
 
 
 def sum_of(usages: list[Usage]) -> Usage:
@@ -488,6 +500,7 @@ def report_at_rest(rest: AtRest) -> None:
     n = rest.count
     groups = (
         (f"warm sandbox ({n} side by side)", rest.warm),
+        (f"started sandbox ({len(rest.started)}, nothing imported)", rest.started),
         (f"live session after its first cell ({n} + {n} warm)", rest.live),
         (f"warm sandbox beside the {n} sessions", rest.warm_beside_live),
     )

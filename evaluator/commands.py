@@ -123,12 +123,17 @@ class CommandLines:
             first.endswith(".py") and not first.startswith("-")
         )
 
-    def agent_argv(self, workdir: Workdir) -> list[str]:
+    def agent_argv(self, workdir: Workdir, *, imports: bool = True) -> list[str]:
         """bwrap's command line of a warm sandbox: the agent, with the modules it imports."""
         executable = self._config.executable
         host, agent = self._agent(executable)
-        command = [executable, agent, *self._config.preimport]
+        command = [executable, agent, *(self._config.preimport if imports else ())]
         return self.argv(command, workdir, self._agent_binds(workdir, host, agent))
+
+    def started_argv(self, workdir: Workdir) -> list[str]:
+        """bwrap's command line of a started sandbox (see :mod:`.pool`): the agent, importing
+        nothing."""
+        return self.agent_argv(workdir, imports=False)
 
     def session_argv(self, sandbox: Sandbox, executable: str) -> list[str]:
         """bwrap's command line of a session's agent started cold (see :mod:`.live`).

@@ -233,8 +233,10 @@ class EvaluatorConfig(ConfigRules):
             le=10_000,
             description="sandboxes kept warm (made with spare CPU), each used by one run; a "
             "run that finds none makes the evaluator keep one more, up to "
-            "`EVALUATOR_WARM_SANDBOXES_MAX`, one fewer after a minute without such a miss; "
-            "`0`: none",
+            "`EVALUATOR_WARM_SANDBOXES_MAX`, one fewer after a minute without such a miss; as "
+            "many *started* ones are kept beside them where that most is higher (the "
+            "interpreter started, nothing imported: about 4 MiB each), taken by a run that "
+            "finds no warm one; `0`: none",
         ),
         Flag("sandboxes kept warm (interpreter started, PREIMPORT imported), at least; 0: none"),
     ] = 2
@@ -244,7 +246,8 @@ class EvaluatorConfig(ConfigRules):
             ge=0,
             le=10_000,
             description="the most warm sandboxes demand may keep (each holds about 70 MiB at "
-            "rest); below `EVALUATOR_WARM_SANDBOXES`, that many",
+            "rest; the started ones are besides, none when it is `EVALUATOR_WARM_SANDBOXES`); "
+            "below `EVALUATOR_WARM_SANDBOXES`, that many",
         ),
         Flag("the most warm sandboxes demand may keep", default="4 x WARM_SANDBOXES"),
     ] = None

@@ -19,18 +19,24 @@ calls that come steadily find one warm:
 - without one, one at a time, started only while fewer runs are in progress than the service
   has CPUs (a run's end tries again): a run then shares a CPU with one agent's imports at most.
 
-How many are kept follows demand: ``count`` (``EVALUATOR_WARM_SANDBOXES``) at the least; each
-run that wanted a warm sandbox and found none adds one, up to ``most``
-(``EVALUATOR_WARM_SANDBOXES_MAX``, by default :data:`DEMAND_FACTOR` times ``count``); after
-:data:`SHRINK_AFTER` seconds without such a miss, one fewer (the surplus warm one is disposed
-of). A run takes a warm sandbox only once it is warm; else it takes a cold one.
+How many are kept follows demand (see :mod:`.warming`): ``count``
+(``EVALUATOR_WARM_SANDBOXES``) at the least, up to ``most`` (``EVALUATOR_WARM_SANDBOXES_MAX``)
+while runs find none. A run takes a warm sandbox only once it is warm.
+
+When they import modules (``EVALUATOR_PREIMPORT``), ``count`` *started* sandboxes are kept
+beside them (with the defaults, 2 started and 2 to 8 warm; none when ``most`` is ``count``):
+the interpreter and agent started, nothing imported (about 4 MiB, and a few hundredths of a
+CPU-second to make, where the imports take tenths). A run that finds no warm sandbox takes
+one of those (it saves the interpreter's start), else a cold one: calls that come faster than
+sandboxes can be warmed (a model calling without ``session_id`` in a loop) still skip the
+start. They are made before warm ones, one at a time (beside those warming, with a cpu
+controller).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +45,7 @@ from .cgroups import Cgroups
 from .jail import MOUNTED
 from .sandbox import Sandbox, SandboxMaker
 from .users import RunUsers
+from .warming import Tier, WarmDemand
 from .workdir import Workdir, WorkdirRoot
 
 __all__ = ["Sandbox", "SandboxPool"]
@@ -51,32 +58,13 @@ _ANSWER_FIRST = 0.002
 #: answer has not made it already (a short run's answer goes first; a long run's does not
 #: keep the pool short meanwhile).
 _REFILL_DURING = 0.1
-#: The most warm sandboxes demand may keep by default, as a multiple of the ``count`` asked for.
-DEMAND_FACTOR = 4
-#: Seconds without a run that found no warm sandbox, after which one fewer is kept.
-SHRINK_AFTER = 60.0
 
 
 class SandboxPool:
     """Makes sandboxes, keeps ``ready`` of them prepared, and disposes of them.
 
-    Args:
-        root: Where the working directories are created.
-        cgroups: The factory of the runs' cgroups.
-        users: The host users of the runs.
-        covers: Host directories the runs' user may not traverse, with the paths below them
-            it needs (see :func:`.users.covers`).
-        workdir_size: Bytes of each working directory.
-        workdir_inodes: Inodes of each working directory.
-        shm_size: Bytes of each run's ``noexec`` ``/dev/shm``, made with its working directory
-            (see :attr:`.workdir.Workdir.shm`); ``None``: none (unsandboxed runs).
-        rlimits: ``(resource, limit)`` pairs set in every run's process.
-        seccomp_program: The compiled seccomp filter, or ``None`` for none.
-        host_env: ``None`` for runs in bwrap (which sets the environment); else the environment
-            of unsandboxed runs, whose home and temporary directories are then set to the
-            working directory's host path.
-        ready: Sandboxes kept prepared while idle (0: each run prepares its own).
-        on_dispose: Called with each sandbox disposed of, once its processes are gone.
+    The arguments are :class:`.sandbox.SandboxMaker`'s, and ``ready``: sandboxes kept prepared
+    while idle (0: each run prepares its own).
     """
 
     def __init__(
@@ -113,18 +101,13 @@ class SandboxPool:
         self._ready: list[Sandbox] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
-        # Warm sandboxes: the agent's command line, how many to keep at the least and now,
-        # whether a CPU is spare; the last miss; those still importing, and those ready.
-        self._agent: Callable[[Workdir], list[str]] | None = None
-        self._warm_floor = 0
-        self._warm_most = 0
-        self._warm_target = 0
+        # Warm sandboxes (see the module): those that import, and those only started.
+        self._demand = WarmDemand()
+        self._full: Tier | None = None
+        self._started: Tier | None = None
+        self._started_kept = 0
         self._spare_cpu: Callable[[], bool] = lambda: False
-        self._warm_at_once = 1
-        self._last_miss = 0.0
         self._shrink_timer: asyncio.TimerHandle | None = None
-        self._warming: list[Sandbox] = []
-        self._warm: list[Sandbox] = []
         # The task that makes them (see refill), and whether it should look again.
         self._filling: asyncio.Task[None] | None = None
         self._fill_again = False
@@ -161,27 +144,34 @@ class SandboxPool:
 
     @property
     def warm_count(self) -> int:
-        """Warm sandboxes waiting for a run."""
-        return len(self._warm)
+        """Warm sandboxes waiting for a run (besides those only started)."""
+        return len(self._full.waiting) if self._full is not None else 0
+
+    @property
+    def started_count(self) -> int:
+        """Sandboxes whose agent is started, nothing imported, waiting for a run."""
+        return len(self._started.waiting) if self._started is not None else 0
 
     @property
     def warm_target(self) -> int:
         """Warm sandboxes kept now (see the module: it follows demand)."""
-        return self._warm_target
+        return self._demand.target
 
     def take_warm(self) -> Sandbox | None:
-        """A warm sandbox whose agent waits for its run, if there is one; a miss makes the pool
-        keep one more (see the module). The caller refills the pool once its run has answered
-        (:meth:`retire`, :meth:`refill_soon`), or it is refilled :data:`_REFILL_DURING`
-        seconds into the run."""
-        if not self._warm:
-            if self._agent is not None and self._warm_floor:
-                self._last_miss = time.monotonic()
-                self._warm_target = min(self._warm_most, self._warm_target + 1)
+        """A warm sandbox whose agent waits for its run, else a started one, if there is one;
+        a miss makes the pool keep one more warm one (see the module). The caller refills the
+        pool once its run has answered (:meth:`retire`, :meth:`refill_soon`), or it is
+        refilled :data:`_REFILL_DURING` seconds into the run."""
+        if self._full is None:
+            return None
+        if not self._full.waiting:
+            self._demand.missed()
+        tier = next((t for t in (self._full, self._started) if t and t.waiting), None)
+        if tier is None:
             return None
         self.warm_taken += 1
         asyncio.get_running_loop().call_later(_REFILL_DURING, self.refill)
-        return self._warm.pop()
+        return tier.waiting.pop()
 
     def start_warming(
         self,
@@ -190,19 +180,25 @@ class SandboxPool:
         most: int | None,
         spare_cpu: Callable[[], bool],
         cpus: int = 1,
+        started: Callable[[Workdir], list[str]] | None = None,
     ) -> None:
         """Keep ``count`` warm sandboxes at the least, and as demand asks up to ``most``
-        (``None``: :data:`DEMAND_FACTOR` times ``count``), running ``agent(workdir)`` (bwrap's
-        command line).
+        (``None``: :data:`.warming.DEMAND_FACTOR` times ``count``), running ``agent(workdir)``
+        (bwrap's command line); and ``count`` started ones beside them where ``most`` is
+        above ``count``, running ``started(workdir)``, the agent importing nothing (``None``:
+        none, ``agent`` imports nothing either).
 
         ``spare_cpu``: whether fewer runs are in progress than the service has CPUs; without a
         cpu controller, a sandbox is warmed only then (see the module). ``cpus``: the service's
         CPUs, the most warmed at a time with a cpu controller.
         """
-        self._agent, self._spare_cpu, self._warm_at_once = agent, spare_cpu, max(1, cpus)
-        self._warm_floor = self._warm_target = count
-        self._warm_most = max(count, count * DEMAND_FACTOR if most is None else most)
-        self._last_miss = time.monotonic()
+        self._spare_cpu = spare_cpu
+        self._full = Tier(agent, max(1, cpus))
+        self._demand = WarmDemand(count, most)
+        # Beside the warm ones, where demand may grow: a pool asked to keep exactly ``count``
+        # (a bound on its processes) has no started ones.
+        self._started_kept = count if started and self._demand.most > count else 0
+        self._started = Tier(started, 1) if started and self._started_kept else None
         self.refill()
 
     def prepare(self, *, warm: bool = False, session: bool = False) -> Sandbox:
@@ -248,7 +244,8 @@ class SandboxPool:
             self.refill()
         while (filling := self._filling) is not None:
             if filling.done():
-                # Awaiting it returns at once: yield, so that its _filled clears _filling.
+                # Awaiting it would return at once, before its _filled (scheduled) clears
+                # _filling: this would spin and never let the loop run it.
                 await asyncio.sleep(0)
             else:
                 await asyncio.shield(filling)
@@ -268,14 +265,13 @@ class SandboxPool:
                 if sandbox is None:
                     break
                 self._ready.append(sandbox)
-            while self._wants_warm():
+            while (tier := self._next_tier()) is not None:
                 sandbox = await self._make_off_loop(warm=True, session=True)
                 if sandbox is None:
                     break
-                assert self._agent is not None
-                self._warming.append(sandbox)
-                sandbox.process.release(self._agent(sandbox.workdir), None)
-                sandbox.process.watch(self._watcher(sandbox))
+                tier.warming.append(sandbox)
+                sandbox.process.release(tier.agent(sandbox.workdir), None)
+                sandbox.process.watch(self._watcher(sandbox, tier))
 
     def _filled(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -298,44 +294,44 @@ class SandboxPool:
             return None
         return sandbox
 
-    def _wants_warm(self) -> bool:
-        """Whether to start one more warm sandbox now (see the module)."""
-        if self._agent is None or self._closing or not self._warm_target:
-            return False
+    def _next_tier(self) -> Tier | None:
+        """Which kind of warm sandbox to start now, if any (see the module)."""
+        full, started = self._full, self._started
+        if full is None or self._closing or not self._demand.target:
+            return None
         self._shrink()
-        if len(self._warm) + len(self._warming) >= self._warm_target:
-            return False
+        short = [
+            tier
+            for tier, kept in ((started, self._started_kept), (full, self._demand.target))
+            if tier is not None and len(tier.waiting) + len(tier.warming) < kept
+        ]
         if self._cgroups.cpu is not None:
-            return len(self._warming) < self._warm_at_once
-        return not self._warming and self._spare_cpu()
+            return next((tier for tier in short if len(tier.warming) < tier.at_once), None)
+        warming = full.warming or (started is not None and started.warming)
+        return short[0] if short and not warming and self._spare_cpu() else None
 
     def _shrink(self) -> None:
-        """One warm sandbox fewer per :data:`SHRINK_AFTER` seconds without a miss, down to the
-        ``count`` asked for; a surplus one waiting is disposed of."""
-        if self._warm_target <= self._warm_floor or self._closing:
+        """One warm sandbox fewer once demand says so; a surplus one waiting is disposed of."""
+        if self._full is None or self._closing:
             return
-        now = time.monotonic()
-        if now - self._last_miss >= SHRINK_AFTER:
-            self._warm_target -= 1
-            self._last_miss = now
-            if len(self._warm) > self._warm_target:
-                self._spawn(self.dispose(self._warm.pop(0)))
-        if self._shrink_timer is None and self._warm_target > self._warm_floor:
+        if self._demand.shrink() and len(self._full.waiting) > self._demand.target:
+            self._spawn(self.dispose(self._full.waiting.pop(0)))
+        wait = self._demand.next_shrink()
+        if self._shrink_timer is None and wait is not None:
             # Also when no run comes to look: an idle service gives the memory back.
-            wait = self._last_miss + SHRINK_AFTER - now
             self._shrink_timer = asyncio.get_running_loop().call_later(wait, self._shrink_later)
 
     def _shrink_later(self) -> None:
         self._shrink_timer = None
         self._shrink()
 
-    def _watcher(self, sandbox: Sandbox) -> Callable[[bytes], bool]:
+    def _watcher(self, sandbox: Sandbox, tier: Tier) -> Callable[[bytes], bool]:
         """What reads a warming agent's output: the launcher's mount, then the agent's WARM."""
         expected = [*([MOUNTED] if sandbox.workdir.launcher_mount else []), WARM]
         pending = bytearray()
 
         def on_output(chunk: bytes) -> bool:
-            if self._closing or sandbox not in self._warming:  # aclose disposes of it
+            if self._closing or sandbox not in tier.warming:  # aclose disposes of it
                 return False
             pending.extend(chunk)
             while pending and expected and pending[:1] == expected[0]:
@@ -344,28 +340,28 @@ class SandboxPool:
                     try:
                         sandbox.workdir.attach(sandbox.process.pid)
                     except OSError as exc:
-                        return self._warming_failed(sandbox, f"its directory: {exc}".encode())
+                        return self._warming_failed(sandbox, tier, f"its directory: {exc}".encode())
             if not expected:
-                self._warming.remove(sandbox)
-                self._warm.append(sandbox)
+                tier.warming.remove(sandbox)
+                tier.waiting.append(sandbox)
                 # The next may start now (so many at a time, see the module).
                 self.refill()
                 return False
             if pending or not chunk:
-                return self._warming_failed(sandbox, bytes(pending) or b"(exited)")
+                return self._warming_failed(sandbox, tier, bytes(pending) or b"(exited)")
             return True
 
         return on_output
 
-    def _warming_failed(self, sandbox: Sandbox, output: bytes) -> bool:
+    def _warming_failed(self, sandbox: Sandbox, tier: Tier, output: bytes) -> bool:
         """A warm sandbox that did not get warm: no more are made (the next would fail too)."""
         log.warning(
             "warm sandboxes are turned off: one failed to start (memory limit too low for "
             "EVALUATOR_PREIMPORT?): %s",
             output[:500].decode("utf-8", "replace").strip(),
         )
-        self._warm_target = 0
-        self._warming.remove(sandbox)
+        self._demand.stop()
+        tier.warming.remove(sandbox)
         self._spawn(self.dispose(sandbox))
         return False
 
@@ -382,7 +378,8 @@ class SandboxPool:
             tasks = list(self._tasks)
             await asyncio.gather(*tasks, return_exceptions=True)
             self._tasks.difference_update(tasks)
-        for waiting in (self._ready, self._warm, self._warming):
+        tiers = [tier for tier in (self._full, self._started) if tier is not None]
+        for waiting in (self._ready, *(kept for t in tiers for kept in (t.waiting, t.warming))):
             while waiting:
                 await self.dispose(waiting.pop())
 

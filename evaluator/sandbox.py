@@ -43,7 +43,25 @@ _ORPHANS_WITHIN = 5.0
 
 
 class SandboxMaker:
-    """Makes sandboxes and disposes of them (see :class:`.pool.SandboxPool` for the arguments)."""
+    """Makes sandboxes and disposes of them.
+
+    Args:
+        root: Where the working directories are created.
+        cgroups: The factory of the runs' cgroups.
+        users: The host users of the runs.
+        covers: Host directories the runs' user may not traverse, with the paths below them
+            it needs (see :func:`.users.covers`).
+        workdir_size: Bytes of each working directory.
+        workdir_inodes: Inodes of each working directory.
+        shm_size: Bytes of each run's ``noexec`` ``/dev/shm``, made with its working directory
+            (see :attr:`.workdir.Workdir.shm`); ``None``: none (unsandboxed runs).
+        rlimits: ``(resource, limit)`` pairs set in every run's process.
+        seccomp_program: The compiled seccomp filter, or ``None`` for none.
+        host_env: ``None`` for runs in bwrap (which sets the environment); else the environment
+            of unsandboxed runs, whose home and temporary directories are then set to the
+            working directory's host path.
+        on_dispose: Called with each sandbox disposed of, once its processes are gone.
+    """
 
     def __init__(
         self,

@@ -262,12 +262,12 @@ class Evaluator:
             pool.retire(sandbox)
 
     def _start_warming(self, pool: SandboxPool) -> None:
-        """Start the warm sandboxes (once matplotlib's font list is built: a warm agent
-        importing pyplot would otherwise build its own)."""
+        """Start the warm sandboxes once matplotlib's font list is built (else each builds it)."""
         config, commands = self.config, self._commands
         if commands is not None and config.warm_sandboxes and not self._closing:
             most, spare, cpus = config.warm_sandboxes_max, self._slots.spare_cpu, self._slots.cpus
-            pool.start_warming(commands.agent_argv, config.warm_sandboxes, most, spare, cpus)
+            light = commands.started_argv if config.preimport else None
+            pool.start_warming(commands.agent_argv, config.warm_sandboxes, most, spare, cpus, light)
 
     def _refill(self) -> None:
         """After each run, which may leave a CPU spare (see :mod:`.pool`); a session's cell

@@ -17,6 +17,7 @@ from evaluator.cgroups import _cgroup_mounts, _own_v1_cgroup
 from evaluator.pool import SandboxPool
 from evaluator.procfs import status
 from evaluator.sandbox import Sandbox
+from evaluator.warming import Tier
 from snekbox_client import EvalRequest, EvalResult
 from tests.support import memory_is_a_cgroup
 
@@ -292,8 +293,8 @@ async def test_a_sandbox_that_gets_warm_while_the_service_closes_is_disposed_of(
     warm: dict[int, asyncio.Event] = {}
     watcher = SandboxPool._watcher
 
-    def watching(self: SandboxPool, sandbox: Sandbox) -> Callable[[bytes], bool]:
-        on_output = watcher(self, sandbox)
+    def watching(self: SandboxPool, sandbox: Sandbox, tier: Tier) -> Callable[[bytes], bool]:
+        on_output = watcher(self, sandbox, tier)
         warm[id(sandbox)] = asyncio.Event()
 
         def noting(chunk: bytes) -> bool:
@@ -312,9 +313,9 @@ async def test_a_sandbox_that_gets_warm_while_the_service_closes_is_disposed_of(
         if sandboxes._cgroups.cpu is None:
             pytest.skip("no cpu controller: one sandbox warms at a time")
         with anyio.fail_after(240):
-            while len(sandboxes._warming) < 2:  # noqa: ASYNC110 - nothing to wait on
+            while (full := sandboxes._full) is None or len(full.warming) < 2:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
-        warming = list(sandboxes._warming)
+        warming = list(full.warming)
         dispose = sandboxes._maker.dispose
 
         async def disposing(sandbox: Sandbox) -> None:

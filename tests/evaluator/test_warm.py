@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from evaluator import Evaluator, pool, startup
+from evaluator import Evaluator, pool, startup, warming
 from evaluator.cgroups import Cgroups
 from evaluator.config import EvaluatorConfig, MiB
 from evaluator.jail import JailedProcess
@@ -34,6 +34,11 @@ from .conftest import config
 PREIMPORT = ("numpy", "pandas", "matplotlib.pyplot")
 #: Prints whether this run's interpreter had the warm agent's modules before its first line.
 WARM_PROBE = "import sys; print(all(m in sys.modules for m in ('numpy', 'pandas', 'matplotlib')))"
+
+
+def importing(sandboxes: pool.SandboxPool) -> list[pool.Sandbox]:
+    """The warm sandboxes still importing (not the started ones, which import nothing)."""
+    return sandboxes._full.warming if sandboxes._full is not None else []
 
 
 async def until_warm(evaluator: Evaluator, count: int = 1) -> None:
@@ -206,7 +211,7 @@ async def test_warming_that_fails_turns_itself_off_and_runs_go_on() -> None:
     """A memory limit the imports do not fit in: the agent is killed, runs are cold."""
     async with Evaluator(config(warm_sandboxes=1, preimport=PREIMPORT, memory_limit=24)) as ev:
         with anyio.fail_after(240):
-            while ev._pool is not None and ev._pool._warm_target:  # noqa: ASYNC110
+            while ev._pool is not None and ev._pool.warm_target:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         result = await ev.run(EvalRequest(args=("-c", "print('cold')")))
         assert (result.returncode, result.stdout, ev.warm_sandboxes) == (0, "cold\n", 0)
@@ -268,7 +273,7 @@ async def test_saturated_a_sandbox_warms_only_at_the_least_weight(
                     await until_warm(ev)
                 else:
                     await asyncio.sleep(1)  # past the refill during the run
-                    assert ev.warm_sandboxes == 0 and not ev._pool._warming
+                    assert ev.warm_sandboxes == 0 and not importing(ev._pool)
             assert not holding.done()
         finally:
             holding.cancel()
@@ -292,9 +297,55 @@ async def test_no_more_sandboxes_warm_at_a_time_than_the_service_has_cpus(
         most = 0
         with anyio.fail_after(600):
             while ev.warm_sandboxes < 3:
-                most = max(most, len(ev._pool._warming))
+                most = max(most, len(importing(ev._pool)))
                 await asyncio.sleep(0.01)
         assert most == 1
+
+
+async def test_a_run_that_finds_no_warm_sandbox_takes_a_started_one() -> None:
+    """Runs that come faster than sandboxes warm still skip the interpreter's start: the pool
+    keeps started sandboxes too (the agent up, nothing imported), taken after the warm ones."""
+    probe = "import sys; print('fractions' in sys.modules)"
+    async with Evaluator(config(warm_sandboxes=1, preimport=("fractions",))) as ev:
+        assert ev._pool is not None
+        await until_warm(ev)
+        with anyio.fail_after(240):
+            while ev._pool.started_count < 1:  # noqa: ASYNC110 - nothing to wait on
+                await asyncio.sleep(0.05)
+        both = await asyncio.gather(
+            ev.run(EvalRequest(args=("-c", probe))), ev.run(EvalRequest(args=("-c", probe)))
+        )
+        assert sorted(r.stdout for r in both) == ["False\n", "True\n"], both
+        assert ev.warm_runs == 2, "one run started cold"
+
+
+async def test_a_session_that_finds_no_warm_sandbox_starts_in_a_started_one() -> None:
+    """A session in a started sandbox is a session as any: its cells share their state, and its
+    agent imports what its code asks for."""
+    probe = "import sys; imported = 'fractions' in sys.modules; import fractions"
+    settings = config(warm_sandboxes=1, preimport=("fractions",), max_sessions=4)
+    async with Evaluator(settings) as ev:
+        assert ev._pool is not None
+        await until_warm(ev)
+        with anyio.fail_after(240):
+            while ev._pool.started_count < 1:  # noqa: ASYNC110 - nothing to wait on
+                await asyncio.sleep(0.05)
+        await asyncio.gather(
+            *(ev.run(EvalRequest(args=("-c", probe), session=name)) for name in ("a", "b"))
+        )
+        assert ev.warm_runs == 2, "one session started cold"
+        again = "print(imported, fractions.Fraction(1, 3))"
+        later = [await ev.run(EvalRequest(args=("-c", again), session=n)) for n in ("a", "b")]
+        assert sorted(r.stdout for r in later) == ["False 1/3\n", "True 1/3\n"], later
+
+
+async def test_a_pool_asked_for_exactly_its_count_keeps_no_started_sandbox() -> None:
+    """``EVALUATOR_WARM_SANDBOXES_MAX`` equal to the count: that many wait, all warm."""
+    async with Evaluator(config(warm_sandboxes=1, warm_sandboxes_max=1, preimport=("json",))) as ev:
+        assert ev._pool is not None
+        await until_warm(ev)
+        await ev._pool.settled()
+        assert (ev._pool.started_count, ev._pool._started) == (0, None)
 
 
 async def test_the_pool_follows_demand_and_gives_the_memory_back(
@@ -303,7 +354,7 @@ async def test_the_pool_follows_demand_and_gives_the_memory_back(
     """A run that finds no warm sandbox makes the pool keep one more (up to DEMAND_FACTOR
     times the setting); without such a miss for SHRINK_AFTER seconds, one fewer, the surplus
     disposed of."""
-    monkeypatch.setattr(pool, "SHRINK_AFTER", 3600.0)  # until both are warm (a loaded host)
+    monkeypatch.setattr(warming, "SHRINK_AFTER", 3600.0)  # until both are warm (a loaded host)
     async with Evaluator(config(warm_sandboxes=1, preimport=("json",))) as ev:
         assert ev._pool is not None
         await until_warm(ev)
@@ -315,9 +366,9 @@ async def test_the_pool_follows_demand_and_gives_the_memory_back(
             if ev._pool.warm_target > 1:
                 break
         grown = ev._pool.warm_target
-        assert 2 <= grown <= pool.DEMAND_FACTOR
+        assert 2 <= grown <= warming.DEMAND_FACTOR
         await until_warm(ev, grown)
-        monkeypatch.setattr(pool, "SHRINK_AFTER", 0.2)
+        monkeypatch.setattr(warming, "SHRINK_AFTER", 0.2)
         await asyncio.sleep(0.3)
         ev._pool._shrink()  # as its timer (set an hour ahead above) or the next run would
         assert (ev._pool.warm_target, ev.warm_sandboxes) == (grown - 1, grown - 1)
