@@ -11,7 +11,6 @@ root, the service run as a user). One run's cgroup is a :class:`.run_cgroup.RunC
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import itertools
 import logging
@@ -284,13 +283,18 @@ def _move_all_then_enable(source: Path, leaf: Path, enable: str) -> None:
 def own_memory_limit(process: Path = Path("/proc/self")) -> int | None:
     """The smallest memory limit, in bytes, on this process's cgroup and its ancestors (a
     container's ``mem_limit``, a systemd unit's ``MemoryMax``); ``None``: none is set here."""
-    limits = []
-    for directory, v1 in memory_cgroups(process):
-        with contextlib.suppress(OSError):
-            value = (directory / ("memory.limit_in_bytes" if v1 else "memory.max")).read_text()
-            if value.strip().isdigit() and int(value) < NO_LIMIT:  # v2 says "max" for none
-                limits.append(int(value))
-    return min(limits, default=None)
+    limits = [memory_limit(directory, v1) for directory, v1 in memory_cgroups(process)]
+    return min((limit for limit in limits if limit is not None), default=None)
+
+
+def memory_limit(directory: Path, v1: bool) -> int | None:
+    """The memory limit, in bytes, of the cgroup ``directory``; ``None``: none, or unreadable."""
+    try:
+        value = (directory / ("memory.limit_in_bytes" if v1 else "memory.max")).read_text()
+    except OSError:
+        return None
+    # v2 says "max" for none; v1, a number at or above NO_LIMIT
+    return int(value) if value.strip().isdigit() and int(value) < NO_LIMIT else None
 
 
 #: A memory limit at or above this is none (v1 writes 2**63 rounded down to a page for

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from .cgroups import NO_LIMIT, memory_cgroups
+from .cgroups import memory_cgroups, memory_limit
 from .config import MiB
 from .pool import Sandbox
 from .procfs import descendants
@@ -81,15 +81,15 @@ def cgroup_meminfo(process: Path = Path("/proc/self")) -> MemInfo | None:
     """
     found: MemInfo | None = None
     for directory, v1 in memory_cgroups(process):
-        limit_file, usage_file, inactive = (
-            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        usage_file, inactive = (
+            ("memory.usage_in_bytes", "total_inactive_file")
             if v1
-            else ("memory.max", "memory.current", "inactive_file")
+            else ("memory.current", "inactive_file")
         )
+        limit = memory_limit(directory, v1)
+        if limit is None:
+            continue
         try:
-            limit = (directory / limit_file).read_text().strip()
-            if not limit.isdigit() or int(limit) >= NO_LIMIT:
-                continue
             usage = int((directory / usage_file).read_text())
             stat = dict(
                 line.split(" ", 1) for line in (directory / "memory.stat").read_text().splitlines()
@@ -97,7 +97,7 @@ def cgroup_meminfo(process: Path = Path("/proc/self")) -> MemInfo | None:
             used = usage - int(stat.get(inactive, 0))
         except (OSError, ValueError):
             continue
-        here = MemInfo(int(limit), max(0, int(limit) - used))
+        here = MemInfo(limit, max(0, limit - used))
         if found is None or here.available < found.available:
             found = here
     return found
