@@ -38,11 +38,14 @@ TIME_LIMIT = 30.0
 
 
 @contextmanager
-def serve(app: Any, *, startup_timeout: float = 30.0) -> Iterator[str]:
+def serve(app: Any, *, startup_timeout: float = 180.0) -> Iterator[str]:
     """Run an ASGI app under uvicorn in a thread on a free loopback port; yield its base URL.
 
     Waits on uvicorn's own ``started`` flag (set once the socket listens and the lifespan has
     started) rather than on a fixed delay, and fails the test if startup does not finish.
+    ``startup_timeout`` only catches a start that hangs: a gateway's start includes its
+    in-process evaluator's and the environment probe (up to 15 s), which took over 30 s in the
+    emulated cgroup v2 VM on a slow host.
     """
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
