@@ -7,6 +7,7 @@ so its own directory is first on ``sys.path``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import socket
@@ -200,6 +201,24 @@ def cpu_ticks(pids: list[int]) -> int:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
     return total
+
+
+async def settle(*, below: float = 0.25, window: float = 0.5, most: float = 20.0) -> float:
+    """Wait until the machine keeps fewer than ``below`` CPUs busy over a ``window`` (the
+    evaluators have made their warm sandboxes again), ``most`` seconds at the most; the seconds
+    waited.
+
+    A phase that starts while the previous one's sandboxes are still being made would pay for
+    them: the plot benches call this before each phase or call, so that each way finds its
+    service as the way before left it, refilled.
+    """
+    started = time.monotonic()
+    while time.monotonic() - started < most:
+        busy, at = machine_busy(), time.monotonic()
+        await asyncio.sleep(window)
+        if (machine_busy() - busy) / (time.monotonic() - at) < below:
+            break
+    return time.monotonic() - started
 
 
 def machine_busy() -> float:

@@ -8,7 +8,9 @@ their defaults, and runs :data:`SCRIPT` through each and as ``<venv python> -c S
 interpreter of the same environment, its bytecode compiled, matplotlib's font cache warm: run
 once first; it draws the figure but, with no display, shows nothing). Calls are made one at a
 time, as an agent makes them: each starts ``--gap`` seconds (1.5) after the previous one ended,
-the ways interleaved (the order rotates every round), so that machine noise hits all alike.
+the ways interleaved (each round in a new order, seeded), so that machine noise hits all alike,
+and each call once the machine has settled (the call before has ended and its sandbox was made
+again), so that no way pays for the one before it.
 Every gateway result must hold exactly one image.
 
 Prints p50 and p95 of each way, each gateway's p50 as a ratio of the bare interpreter's, and the
@@ -36,7 +38,16 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 
-from _common import ROOT, before_checkout, free_port, machine_busy, percentile, service_of
+from _common import (
+    ROOT,
+    before_checkout,
+    free_port,
+    machine_busy,
+    percentile,
+    rounds,
+    service_of,
+    settle,
+)
 from mcp import Client
 
 SCRIPT = (
@@ -109,9 +120,10 @@ async def measure(
             for _ in range(2):
                 await way()
                 await asyncio.sleep(gap)
-        for i in range(n):
-            for name, way in ways[i % len(ways) :] + ways[: i % len(ways)]:
+        for order in rounds(ways, n):
+            for name, way in order:
                 await asyncio.sleep(gap)
+                await settle()  # the call before has ended, its sandbox made again
                 busy0 = machine_busy()
                 started = time.perf_counter()
                 await way()

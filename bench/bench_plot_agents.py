@@ -8,10 +8,11 @@ the gateway of this working tree (built-in evaluator in its process, defaults) a
 a session (what many models do: each call starts one); with it, each agent continues the
 session its first call started.
 
-The ways take turns in phases (the order rotates every round): each gateway's phase is every
-agent making ``--calls`` calls; the bare interpreter's is ``--calls`` runs of
-``<venv python> -c SCRIPT``, one at a time, ``--gap`` apart (its time on the machine the agents
-are not loading). Prints p50 and p95 of each way, as ratios of the bare interpreter's p50.
+The ways take turns in phases, each round in a new order (seeded), each phase once the machine
+has settled (the phase before has ended and its evaluator has made its sandboxes again): each
+gateway's phase is every agent making ``--calls`` calls; the bare interpreter's is ``--calls``
+runs of ``<venv python> -c SCRIPT``, one at a time, ``--gap`` apart (its time on the machine the
+agents are not loading). Prints p50 and p95 of each way, as ratios of the bare interpreter's p50.
 
 Targets (issue 31): without ``--session``, p50 at most 0.25x and p95 at most 0.5x the bare
 interpreter's p50; with it, as before (0.12x).
@@ -30,7 +31,8 @@ import time
 from contextlib import AsyncExitStack, ExitStack
 from typing import Any
 
-from _common import ROOT, before_checkout, free_port, percentile, service_of
+from _common import ROOT, before_checkout, free_port, percentile, service_of, settle
+from _common import rounds as rounds_of
 from bench_plot import BARE, SCRIPT, via_bare
 from mcp import Client
 
@@ -64,10 +66,9 @@ async def measure(
         for team in clients.values():  # warm-up: connections, font cache, first sandboxes
             await asyncio.gather(*(agent(c, 1, 0, False, []) for c in team))
         await via_bare()
-        names = list(samples)
-        for r in range(rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                await asyncio.sleep(3 * gap)  # the phase before has settled
+        for order in rounds_of(list(samples), rounds):
+            for name in order:
+                await settle()  # the phase before has ended, its sandboxes made again
                 if name == BARE:
                     for _ in range(calls):
                         started = time.perf_counter()
