@@ -203,10 +203,9 @@ def cpu_ticks(pids: list[int]) -> int:
     return total
 
 
-async def settle(*, below: float = 0.25, window: float = 0.5, most: float = 20.0) -> float:
+async def settle(*, below: float = 0.25, window: float = 0.5, most: float = 20.0) -> None:
     """Wait until the machine keeps fewer than ``below`` CPUs busy over a ``window`` (the
-    evaluators have made their warm sandboxes again), ``most`` seconds at the most; the seconds
-    waited.
+    evaluators have made their warm sandboxes again), ``most`` seconds at the most.
 
     A phase that starts while the previous one's sandboxes are still being made would pay for
     them: the plot benches call this before each phase or call, so that each way finds its
@@ -217,8 +216,7 @@ async def settle(*, below: float = 0.25, window: float = 0.5, most: float = 20.0
         busy, at = machine_busy(), time.monotonic()
         await asyncio.sleep(window)
         if (machine_busy() - busy) / (time.monotonic() - at) < below:
-            break
-    return time.monotonic() - started
+            return
 
 
 def machine_busy() -> float:

@@ -91,11 +91,10 @@ print(json.dumps(times))
 """
 
 
-def jail(*, cap_sys_admin: bool) -> list[str]:
+def jail(config: str, *, cap_sys_admin: bool) -> list[str]:
     """bwrap's command line for a sandbox like the evaluator's, the filesystem read-only but
-    for matplotlib's font cache (``MPLCONFIGDIR``: matplotlib makes a new one in a directory it
+    for ``config``, matplotlib's (``MPLCONFIGDIR``: it makes a new font cache in a directory it
     cannot write)."""
-    config = os.environ["MPLCONFIGDIR"]
     caps = ["--cap-add", "CAP_SYS_ADMIN"] if cap_sys_admin else []
     return [
         default_bwrap(),
@@ -105,26 +104,26 @@ def jail(*, cap_sys_admin: bool) -> list[str]:
     ]
 
 
-def fresh_cpu(modules: str, n: int) -> list[float]:
+def fresh_cpu(modules: str, n: int, config: str) -> list[float]:
     """CPU milliseconds (as each reports its own) of ``n`` fresh interpreters importing
     ``modules`` in the sandbox."""
     imports = "".join(f"import {m}; " for m in modules.split(",") if m)
     code = imports + "import resource; r = resource.getrusage(0); print(r.ru_utime + r.ru_stime)"
     times = []
     for _ in range(n):
-        argv = [*jail(cap_sys_admin=False), sys.executable, "-c", code]
+        argv = [*jail(config, cap_sys_admin=False), sys.executable, "-c", code]
         done = subprocess.run(argv, capture_output=True, text=True, check=True)
         times.append(float(done.stdout) * 1000)
     return times
 
 
-def forked(modules: str, n: int) -> list[float]:
+def forked(modules: str, n: int, config: str) -> list[float]:
     """Wall milliseconds from fork to exit of ``n`` children of one imported parent."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", dir="/var/tmp") as script:
         script.write(PARENT)
         script.flush()
         os.chmod(script.name, 0o644)
-        argv = [*jail(cap_sys_admin=True), sys.executable, script.name, modules, str(n)]
+        argv = [*jail(config, cap_sys_admin=True), sys.executable, script.name, modules, str(n)]
         done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"the parent failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -143,7 +142,8 @@ def main() -> None:
         # matplotlib's font cache, made once and bound into each sandbox (as the evaluator does).
         os.environ["MPLCONFIGDIR"] = config
         subprocess.run([sys.executable, "-c", "import matplotlib.pyplot"], check=True)
-        fresh, children = fresh_cpu(args.modules, args.n), forked(args.modules, args.n)
+        fresh = fresh_cpu(args.modules, args.n, config)
+        children = forked(args.modules, args.n, config)
     print(f"a sandbox's interpreter with {args.modules} imported, {args.n} each; {env_note}")
     print(f"{'way':<34}{'p50 ms':>9}{'p95 ms':>9}")
     for name, values in (
