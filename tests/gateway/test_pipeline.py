@@ -3,6 +3,7 @@ process, no socket (the fast lane; the real parts are tested in the slow one).""
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from mcp import Client
 from mcp.types import CallToolResult, ImageContent
 
@@ -222,3 +224,30 @@ async def test_an_interpreter_that_ended_with_its_call_is_said_and_the_next_star
     assert "the session's interpreter ended with this call" in text_of(ended)
     assert "interpreter ended" not in text_of(again)
     assert [r.session_resume for r in service.requests] == [False, False]
+
+
+async def test_the_output_schema_takes_null_where_a_field_may_be_null() -> None:
+    # Nullable fields are one schema each (a type list), not an anyOf of two: a validating
+    # client descends into each once. The values they admit stay what the model admits.
+    async with gateway(FakeService()) as (_, client):
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        result = facts(await call(client))
+    schema = tools["execute_python_code"].output_schema
+    assert schema is not None and "anyOf" not in json.dumps(schema)
+    validator = Draft202012Validator(schema)
+    assert validator.is_valid(result)
+    image = {"path": "figure_001.png", "size": 3, "returned": True}
+    written = {"path": "a.txt", "size": 1, "mime_type": "text/plain"}
+    for field, good, bad in [
+        ("returncode", None, "0"),
+        ("session_id", None, 1),
+        ("packages", ["numpy==2.0"], [1]),
+        ("install_seconds", 1.5, "1.5"),
+        ("images", [{**image, "width": None, "reason": None}], [{**image, "width": "2"}]),
+        ("images", [{**image, "height": 2, "reason": "x"}], [{**image, "reason": 1}]),
+        ("files", [{**written, "uri": None}], [{**written, "uri": 1}]),
+    ]:
+        assert validator.is_valid({**result, field: good}), field
+        assert not validator.is_valid({**result, field: bad}), field
+    for field in ("returncode", "packages", "install_seconds"):
+        assert validator.is_valid({**result, field: None}), field
