@@ -4,7 +4,12 @@ For ``bench_gateway_cpu.py``: what any gateway built on this SDK costs per call,
 HTTP (``/mcp``) and SSE (``/sse``), under uvicorn's defaults, with no middleware, no sessions, no
 evaluation. ``GET /healthz`` answers 200 (the readiness probe).
 
-    python bench/_floor_server.py --port 8061
+With ``--snekbox-url``, for ``bench_snekbox.py``: the least a gateway in front of Snekbox can be,
+as the seed gateways were: the tool posts ``{"input": code}`` to ``/eval`` with one keep-alive
+``httpx.AsyncClient`` and returns the stdout as a string, with no prelude, no figures, no files,
+no sessions, no limits of its own.
+
+    python bench/_floor_server.py --port 8061 [--snekbox-url http://127.0.0.1:8060]
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from starlette.applications import Starlette
@@ -21,12 +27,18 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 server = MCPServer("floor")
+#: The Snekbox the tool forwards to (``--snekbox-url``); ``None``: it runs nothing.
+snekbox: httpx.AsyncClient | None = None
 
 
 @server.tool()
 async def execute_python_code(code: str) -> str:
-    """Run nothing; answer what ``print(1)`` prints."""
-    return "1\n"
+    """Run ``code`` on the Snekbox and answer its stdout, or run nothing and answer ``"1\\n"``."""
+    if snekbox is None:
+        return "1\n"
+    response = await snekbox.post("/eval", json={"input": code})
+    response.raise_for_status()
+    return str(response.json()["stdout"])
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -51,8 +63,12 @@ def app() -> Starlette:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    port = parser.parse_args().port
-    uvicorn.run(app(), host="127.0.0.1", port=port, log_level="warning")
+    parser.add_argument("--snekbox-url", help="forward each call's code to this Snekbox")
+    args = parser.parse_args()
+    global snekbox
+    if args.snekbox_url:
+        snekbox = httpx.AsyncClient(base_url=args.snekbox_url, trust_env=False, timeout=30)
+    uvicorn.run(app(), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

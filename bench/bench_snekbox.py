@@ -14,6 +14,11 @@ hits every way alike:
   (``mcp.Client``) over Streamable HTTP and over SSE, each call without ``session_id`` (the
   call starts a code session, as a model's first call does).
 
+- ``seed-like HTTP`` and ``seed-like SSE``: the least a gateway in front of Snekbox can be, as
+  the seed gateways were (``_floor_server.py --snekbox-url``: a bare ``MCPServer`` whose tool
+  posts ``{"input": code}`` and returns the stdout; no prelude, figures, files or sessions).
+  Issue 31 compares with seed 004, whose code is not here; this is its stand-in.
+
 Floors, in the same loop: a call of a tool that does not exist over each transport (the MCP
 stack, client and server, around a tool call that runs no gateway code and no evaluation).
 
@@ -37,13 +42,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import ROOT, before_checkout, free_port, percentile, rounds, service_of
+from _common import (
+    ROOT,
+    before_checkout,
+    free_port,
+    percentile,
+    python_server,
+    rounds,
+    service_of,
+)
 from mcp import Client
 from mcp.client.sse import sse_client
 
 import plotting
 
+HERE = Path(__file__).resolve().parent
 DIRECT = "direct /eval"
+SEED_LIKE = "seed-like"
 #: Marks the ways that run no code: printed apart, as absolute times.
 FLOOR = " (floor)"
 
@@ -97,8 +112,8 @@ def via(client: Client) -> Callable[[], Awaitable[None]]:
 
     async def call() -> None:
         result = await client.call_tool("execute_python_code", arguments)
-        assert not result.is_error and result.structured_content is not None, result
-        assert result.structured_content["stdout"] == "1\n", result
+        text = [block.text for block in result.content if block.type == "text"]
+        assert not result.is_error and text and text[0].startswith("1\n"), result
 
     return call
 
@@ -122,11 +137,20 @@ def report(samples: dict[str, list[float]], checkouts: dict[str, Path], args: An
     )
     for name, checkout in checkouts.items():
         print(f"  {name}: {checkout}")
+    print(f"  {SEED_LIKE}: {HERE / '_floor_server.py'} --snekbox-url")
     print(f"{'way':<20}{'p50':>8}{'p95':>8}{'p50 - direct':>14}{'p95 - direct':>14}")
     for name, values in samples.items():
         if not name.endswith(FLOOR):
             p50, p95 = statistics.median(values), percentile(values, 95)
             print(f"{name:<20}{p50:8.1f}{p95:8.1f}{p50 - base50:14.1f}{p95 - base95:14.1f}")
+    print(f"over the {SEED_LIKE} gateway (p50, p95; positive: slower):")
+    for name, values in samples.items():
+        gateway, _, transport = name.partition(" ")
+        if gateway in checkouts and transport in ("HTTP", "SSE"):
+            seed = samples[f"{SEED_LIKE} {transport}"]
+            p50 = statistics.median(values) - statistics.median(seed)
+            p95 = percentile(values, 95) - percentile(seed, 95)
+            print(f"{name:<20}{p50:+8.1f}{p95:+8.1f}")
     print("floors, no code run (in the same loop):")
     for name, values in samples.items():
         if name.endswith(FLOOR):
@@ -150,7 +174,16 @@ def main() -> None:
     checkouts = {"gateway": ROOT} | ({"before": before} if before else {})
     env = {"SNEKBOX_URL": snekbox_url, "MCP_LOG_LEVEL": args.log_level}
     with ExitStack() as stack:
-        gateways = {}
+        seed_port = free_port()
+        seed_args = ["--port", str(seed_port), "--snekbox-url", snekbox_url]
+        stack.enter_context(
+            python_server(
+                [str(HERE / "_floor_server.py"), *seed_args],
+                f"GET http://127.0.0.1:{seed_port}/healthz",
+                quiet=True,
+            )
+        )
+        gateways = {SEED_LIKE: f"http://127.0.0.1:{seed_port}"}
         for name, checkout in checkouts.items():
             port = free_port()
             stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
