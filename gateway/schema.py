@@ -12,11 +12,11 @@ __all__ = ["ExecutionResult", "FileInfo", "ImageInfo", "WrittenFile"]
 
 # A nullable field published as ``{"type": [T, "null"]}`` rather than pydantic's ``anyOf`` of
 # two schemas: the same values, but a validating client (the MCP SDK's checks every result)
-# descends into one schema instead of up to two, a third of the result's validation.
-NullableInt = Annotated[int | None, WithJsonSchema({"type": ["integer", "null"]})]
-NullableFloat = Annotated[float | None, WithJsonSchema({"type": ["number", "null"]})]
-NullableStr = Annotated[str | None, WithJsonSchema({"type": ["string", "null"]})]
-NullableStrList = Annotated[
+# descends into one schema instead of up to two (a quarter of a result's validation).
+_NullableInt = Annotated[int | None, WithJsonSchema({"type": ["integer", "null"]})]
+_NullableFloat = Annotated[float | None, WithJsonSchema({"type": ["number", "null"]})]
+_NullableStr = Annotated[str | None, WithJsonSchema({"type": ["string", "null"]})]
+_NullableStrList = Annotated[
     list[str] | None, WithJsonSchema({"type": ["array", "null"], "items": {"type": "string"}})
 ]
 
@@ -26,10 +26,10 @@ class ImageInfo(BaseModel):
 
     path: str
     size: int = Field(description="PNG size in bytes")
-    width: NullableInt = None
-    height: NullableInt = None
+    width: _NullableInt = None
+    height: _NullableInt = None
     returned: bool = Field(description="False when the result does not carry it (see reason)")
-    reason: NullableStr = Field(default=None, description="why the result does not carry it")
+    reason: _NullableStr = Field(default=None, description="why the result does not carry it")
 
 
 class FileInfo(BaseModel):
@@ -46,7 +46,7 @@ class WrittenFile(FileInfo):
     """A file the run wrote, and where to read it while its session lives."""
 
     mime_type: str = Field(description="its type, guessed from its name")
-    uri: NullableStr = Field(
+    uri: _NullableStr = Field(
         default=None,
         description="read it with resources/read while the session lives; null when the "
         "session could not keep it (see the text)",
@@ -61,7 +61,7 @@ class ExecutionResult(BaseModel):
         "middle; when returncode is null, the evaluator's message instead"
     )
     stdout_truncated: bool
-    returncode: NullableInt
+    returncode: _NullableInt
     status: Status
     message: str = Field(description="the exit status in words")
     images: list[ImageInfo]
@@ -76,13 +76,13 @@ class ExecutionResult(BaseModel):
     files_not_returned_count: int = Field(
         default=0, description="how many such files, listed or not (at least)"
     )
-    session_id: NullableStr = Field(
+    session_id: _NullableStr = Field(
         default=None, description="the session this call ran in: pass it to continue it"
     )
-    packages: NullableStrList = Field(
+    packages: _NullableStrList = Field(
         default=None, description="the packages installed for it, pinned (null: none asked for)"
     )
-    install_seconds: NullableFloat = Field(
+    install_seconds: _NullableFloat = Field(
         default=None,
         description="seconds the install took, not counted in the time limit (null: none)",
     )
