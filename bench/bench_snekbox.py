@@ -6,8 +6,8 @@ started beforehand: NsJail, one-shot runs; this bench starts no evaluator). Each
 hits every way alike:
 
 - ``direct /eval``: the plain ``POST /eval {"input": "print(1)"}`` a Snekbox user would send,
-  with a bare ``httpx.AsyncClient`` (keep-alive, no proxies): the baseline every way is measured
-  against (what issue 31 compares with).
+  with a bare ``httpx.AsyncClient`` (keep-alive, no proxies): the baseline every way's overhead
+  is taken over (issue 31 compares the gateways' overheads over it).
 - ``direct prelude``: the very request the gateway sends for that call (the prelude's boot file
   and bundle), with the same client: what Snekbox itself takes for the gateway's request.
 - ``<gateway> HTTP`` and ``<gateway> SSE``: the tool called with the official MCP client

@@ -11,8 +11,9 @@ from .status import Status
 __all__ = ["ExecutionResult", "FileInfo", "ImageInfo", "WrittenFile"]
 
 # A nullable field published as ``{"type": [T, "null"]}`` rather than pydantic's ``anyOf`` of
-# two schemas: the same values, but a validating client (the MCP SDK's checks every result)
-# descends into one schema instead of up to two (a quarter of a result's validation).
+# two schemas: the same values, but a validating client (the MCP SDK's client checks every
+# result) descends into one schema instead of up to two: 15 descents instead of 21 for a
+# ``print(1)`` result, about a quarter less time.
 _NullableInt = Annotated[int | None, WithJsonSchema({"type": ["integer", "null"]})]
 _NullableFloat = Annotated[float | None, WithJsonSchema({"type": ["number", "null"]})]
 _NullableStr = Annotated[str | None, WithJsonSchema({"type": ["string", "null"]})]
