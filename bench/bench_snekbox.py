@@ -13,7 +13,6 @@ hits every way alike:
 - ``<gateway> HTTP`` and ``<gateway> SSE``: the tool called with the official MCP client
   (``mcp.Client``) over Streamable HTTP and over SSE, each call without ``session_id`` (the
   call starts a code session, as a model's first call does).
-
 - ``seed-like HTTP`` and ``seed-like SSE``: the least a gateway in front of Snekbox can be, as
   the seed gateways were (``_floor_server.py --snekbox-url``: a bare ``MCPServer`` whose tool
   posts ``{"input": code}`` and returns the stdout; no prelude, figures, files or sessions).

@@ -228,7 +228,7 @@ async def test_an_interpreter_that_ended_with_its_call_is_said_and_the_next_star
 
 async def test_the_output_schema_takes_null_where_a_field_may_be_null() -> None:
     # Nullable fields are one schema each (a type list), not an anyOf of two: a validating
-    # client descends into each once. The values they admit stay what the model admits.
+    # client descends into each once. Each admits null and its type, and nothing else.
     async with gateway(FakeService()) as (_, client):
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
         result = facts(await call(client))
