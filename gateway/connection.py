@@ -124,6 +124,8 @@ class Connection:
         # next request to their replica ends them first (see take_evicted), else a DELETE
         # does once the call that closed them ends (end_evicted).
         self._evicted: list[tuple[str, str | None]] = []
+        # Until the service is found to keep no resident prelude (see resident_prelude).
+        self._resident = True
 
     async def start(self, describe: Callable[[], str]) -> None:
         """Start a local service, ask what the service offers, and keep asking in the
@@ -154,6 +156,24 @@ class Connection:
     def live_sessions(self) -> bool:
         """Whether the service keeps a live interpreter per session."""
         return self.backend is not None and self.backend.live_sessions
+
+    @property
+    def resident_prelude(self) -> bool:
+        """Whether a run goes without the prelude, for the one the service keeps resident
+        (``plotting.prelude_files``): the real Snekbox, whose image built from
+        ``docker/snekbox/Dockerfile`` keeps it, until a run finds that it does not (the
+        built-in evaluator, which says its limits in ``GET /info``, keeps none)."""
+        return self._resident and not self.limits_time
+
+    def no_resident_prelude(self) -> None:
+        """The service keeps no resident prelude of this gateway's: every run carries it."""
+        if self._resident:
+            logger.info(
+                "the evaluation service keeps no resident prelude of this gateway's (an image "
+                "not built from docker/snekbox/Dockerfile, or another version): every run "
+                "carries it (about 37 KB)"
+            )
+        self._resident = False
 
     @property
     def reads_cells(self) -> bool:

@@ -131,7 +131,7 @@ class Evaluations:
                 request = await self._request(run)
                 if run.time_limit is None or self.connection.limits_time:
                     return await self._send(run, request)
-                return await self._send_within(request, run.time_limit)
+                return await self._send_within(run, request, run.time_limit)
         except Busy as exc:
             raise ServiceFailure(
                 "busy",
@@ -151,7 +151,11 @@ class Evaluations:
             if replica is not None and not (session.calls or session.adopted):
                 self.sessions.place(session, replica)  # its handle names the replica
             session.replica = replica
-        request = plotting.build_request(run.code, later_cell=self._later_cell(session))
+        request = plotting.build_request(
+            run.code,
+            later_cell=self._later_cell(session),
+            resident=self.connection.resident_prelude,
+        )
         return replace(
             request,
             files=(*request.files, *self._files(run)),
@@ -184,25 +188,10 @@ class Evaluations:
 
     async def _send(self, run: Run, request: EvalRequest) -> EvalResult:
         """Send ``request`` to a service that honours the call's time limit (or for a call
-        without one); a live interpreter without this gateway's prelude gets it again."""
+        without one)."""
         session = run.session
-        extra_time = self._install_time(run.choices)
         try:
-            result = await self.connection.service.eval(
-                request, replica=session.replica, extra_time=extra_time
-            )
-            if (
-                not result.running
-                and self._later_cell(session)
-                and plotting.prelude_missing(result)
-            ):
-                # The interpreter has no prelude of this gateway's (the code removed it,
-                # another gateway's runs there): the code did not run.
-                whole = plotting.build_request(run.code)
-                request = replace(request, files=(*whole.files, *self._files(run)))
-                result = await self.connection.service.eval(
-                    request, replica=session.replica, extra_time=extra_time
-                )
+            return await self._eval(run, request)
         except BaseException as exc:
             # Whether the service ended them is unknown: the call's end does.
             self.connection.evicted_again(request.end_sessions, session.replica)
@@ -211,9 +200,8 @@ class Evaluations:
             if self.connection.live_sessions and left:
                 self.connection.abandon(session)
             raise
-        return result
 
-    async def _send_within(self, request: EvalRequest, time_limit: float) -> EvalResult:
+    async def _send_within(self, run: Run, request: EvalRequest, time_limit: float) -> EvalResult:
         """Send ``request`` to Snekbox, which applies its own limit: a shorter one is how long
         the gateway waits.
 
@@ -222,7 +210,7 @@ class Evaluations:
         """
         try:
             with anyio.fail_after(time_limit):
-                return await self.connection.service.eval(request)
+                return await self._eval(run, request)
         except TimeoutError:
             raise ServiceFailure(
                 "timeout",
@@ -230,6 +218,32 @@ class Evaluations:
                 "evaluation service applies its own, longer limit, and its output is "
                 "lost. Ask for more time, or make the code faster.",
             ) from None
+
+    async def _eval(self, run: Run, request: EvalRequest) -> EvalResult:
+        """``POST /eval`` of ``request``; sent without the prelude (a later cell, or for the
+        service's resident one) to a sandbox that has none, it is sent again with it."""
+        replica, extra_time = run.session.replica, self._install_time(run.choices)
+        result = await self.connection.service.eval(request, replica=replica, extra_time=extra_time)
+        if result.running or not plotting.prelude_missing(result):
+            return result
+        if not plotting.carries_prelude(request):
+            # The code did not run: the interpreter has no prelude of this gateway's (the code
+            # removed it, another gateway's runs there), nor the service (see _check_resident).
+            if self.connection.resident_prelude:
+                await self._check_resident(replica)
+            whole = plotting.build_request(run.code)
+            request = replace(request, files=(*whole.files, *self._files(run)))
+            result = await self.connection.service.eval(
+                request, replica=replica, extra_time=extra_time
+            )
+        return result
+
+    async def _check_resident(self, replica: str | None) -> None:
+        """Whether the service keeps the prelude resident, asked by a run of no code: a run's
+        answer alone may be the code's own, which would make every later run carry it."""
+        probe = plotting.build_request("", resident=True)
+        if plotting.prelude_missing(await self.connection.service.eval(probe, replica=replica)):
+            self.connection.no_resident_prelude()
 
     def _failure(self, exc: SnekboxError, session: CodeSession, running: int) -> ServiceFailure:
         """The tool error for the service's failure ``exc`` (``running``: evaluations in flight

@@ -31,21 +31,16 @@ return; :func:`sort_files` reads it. Everything the run leaves, that list includ
 by code the user controls: :func:`read_manifest` treats it as hostile.
 """
 
-import ast
 import base64
 import functools
-import hashlib
-import importlib.resources
-import importlib.util
 import marshal
 import re
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import CodeType
 
 from snekbox_client import EvalRequest, EvalResult, File
 
+from ._bundle import Parts as _Parts
 from ._figures import FIGURE_DPI, FIGURE_MAX_PIXELS, PARTIAL_SUFFIX
 from ._manifest import MANIFEST_MAX_BYTES, MANIFEST_NAME
 from ._prelude import BUNDLE_NAME, CODE_FILENAME, PRELUDE_NAME
@@ -64,6 +59,7 @@ __all__ = [
     "Manifest",
     "ReturnedFiles",
     "build_request",
+    "carries_prelude",
     "figure_number",
     "is_figure",
     "prelude_files",
@@ -76,98 +72,28 @@ __all__ = [
 FIGURE_PATTERN = re.compile(r"figure_([0-9]{3,})\.png")
 #: Names of figures still being saved: left over when a run ended during a save.
 LOST_FIGURE_PATTERN = re.compile(r"figure_([0-9]{3,})\.png" + re.escape(PARTIAL_SUFFIX))
-#: What a later cell of a session answers when its interpreter holds no prelude to run it
-#: (``_boot.py`` writes them): see :func:`prelude_missing`.
+#: What a run answers that was sent without the prelude, when neither its interpreter nor the
+#: service holds it (``_boot.py`` writes them): see :func:`prelude_missing`.
 _PRELUDE_MISSING_STATUS = 121
-_PRELUDE_MISSING_OUTPUT = "The prelude is not in this session's interpreter: sent again.\n"
+_PRELUDE_MISSING_OUTPUT = (
+    "The prelude is not in this interpreter, nor resident in the service: sent again.\n"
+)
 #: The first bytes of every PNG file.
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 _MANIFEST_HEADER = re.compile(rb"mcp-manifest 1 ([0-9]{1,12}) ([01])\n")
 _MANIFEST_RECORD = re.compile(rb"([0-9]{1,20}|-) (.+)", re.DOTALL)
-#: The support module's parts, each after those it imports, and the module itself last (named
-#: ``""`` in the bundle): see ``_support.py``.
-_SUPPORT_PARTS = ("_output", "_tracebacks", "_figures", "_imports", "_manifest", "_support")
 
 
 @functools.cache
-def _prelude_parts() -> tuple[bytes, tuple[bytes, bytes, bytes], bytes, bytes]:
-    """The first file, what the bundle's head holds of the prelude, the bundle's tail, and the
-    digest that names this prelude (its files' and this interpreter's magic number's)."""
-    package = importlib.resources.files(__name__)
-    boot = _without_docstring(package.joinpath("_boot.py").read_bytes())
-    sources = [
-        package.joinpath(f"{name}.py").read_bytes() for name in ("_prelude", *_SUPPORT_PARTS)
-    ]
-    prelude_code, prelude = _compiled_and_source(sources[0], "<mcp-prelude>")
-    names = [*_SUPPORT_PARTS[:-1], ""]
-    parts = [_compiled_and_source(source, "<mcp-support>") for source in sources[1:]]
-    codes = tuple(zip(names, (code for code, _ in parts), strict=True))
-    texts = tuple(zip(names, (text for _, text in parts), strict=True))
-    tail = marshal.dumps(
-        (zlib.compress(marshal.dumps(codes, 4), 9), zlib.compress(marshal.dumps(texts, 4), 9)), 4
-    )
-    magic = importlib.util.MAGIC_NUMBER
-    digest = hashlib.sha256(b"\0".join([magic, boot, *sources])).digest()[:16]
-    return boot, (magic, marshal.dumps(prelude_code, 4), zlib.compress(prelude, 9)), tail, digest
+def _parts() -> _Parts:
+    """The prelude compiled by this interpreter, once."""
+    return _Parts()
 
 
-def _without_docstring(source: bytes) -> bytes:
-    """``source`` with its module docstring's lines left empty: the first file travels with
-    every run and is compiled by each, and its docstring is for those who read it here."""
-    tree = ast.parse(source)
-    first = tree.body[0] if tree.body else None
-    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
-        return source
-    lines = source.splitlines(keepends=True)
-    end = first.end_lineno or first.lineno
-    return b"\n" * end + b"".join(lines[end:])
-
-
-def _compiled_and_source(source: bytes, filename: str) -> tuple[CodeType, bytes]:
-    """A module's code, compiled here, and its source, as they travel: with
-    no docstrings, annotations or comments, which nothing reads at run time (bytes each run
-    would pay for), nor what ``if TYPE_CHECKING:`` imports. Line numbers are the file's in the
-    code, not in the source."""
-    tree = ast.parse(source, filename)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            node.returns = None
-            arguments = node.args
-            for arg in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs):
-                arg.annotation = None
-            for rest in (arguments.vararg, arguments.kwarg):
-                if rest is not None:
-                    rest.annotation = None
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and _is_docstring(node):
-            del node.body[0]
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-            node.body = [ast.copy_location(ast.Pass(), node)]  # imports for the type checker
-        for field in ("body", "orelse", "finalbody"):
-            statements = getattr(node, field, None)
-            if not isinstance(statements, list):
-                continue
-            for index, statement in enumerate(statements):
-                if isinstance(statement, ast.AnnAssign) and statement.value is not None:
-                    assign = ast.Assign([statement.target], statement.value)
-                    statements[index] = ast.copy_location(assign, statement)
-            if field == "body" and not statements:
-                statements.append(ast.copy_location(ast.Pass(), node))
-    ast.fix_missing_locations(tree)
-    code = compile(tree, filename, "exec", dont_inherit=True, optimize=2)  # asserts: none
-    return code, ast.unparse(tree).encode()
-
-
-def _is_docstring(node: ast.Module | ast.ClassDef | ast.FunctionDef) -> bool:
-    first = node.body[0] if node.body else None
-    return (
-        isinstance(first, ast.Expr)
-        and isinstance(first.value, ast.Constant)
-        and isinstance(first.value.value, str)
-    )
-
-
-def prelude_files(code: bytes, *, later_cell: bool = False) -> tuple[File, File]:
+def prelude_files(
+    code: bytes, *, later_cell: bool = False, resident: bool = False
+) -> tuple[File, File]:
     """The two files of the request that runs ``code``: the first file and the bundle.
 
     The bundle is two ``marshal`` records, readable by any Python 3. The head, ``(magic,
@@ -185,31 +111,38 @@ def prelude_files(code: bytes, *, later_cell: bool = False) -> tuple[File, File]
     earlier cell ran (``sys._mcp_prelude``): the bundle is the head alone, with the prelude's
     code and source empty and a tail of 0 bytes (2 KiB on the wire instead of 50). If that
     interpreter holds no prelude with this digest (the code removed it, another gateway's
-    sent it), the cell ends before the code runs, as :func:`prelude_missing` tells, and is to be
-    sent again whole.
+    sent it), it runs the service's resident prelude, as ``resident`` does; failing that, the
+    cell ends before the code runs, as :func:`prelude_missing` tells, and is to be sent again
+    whole.
+
+    ``resident``: the service may keep this prelude resident (the real Snekbox built from
+    ``docker/snekbox/Dockerfile``, which runs ``plotting/_bundle.py``): the bundle is the head
+    alone, as for a later cell, and the first file loads the whole bundle the service keeps for
+    its interpreter (``_bundle.RESIDENT_DIR``).
     """
-    _, (magic, prelude_code, prelude_source), tail, digest = _prelude_parts()
+    parts = _parts()
     boot_file, tail_base64 = _encoded_parts()
-    if later_cell:
-        head = marshal.dumps((magic, b"", b"", code, 0, digest), 4)
+    if later_cell or resident:
+        head = marshal.dumps((parts.magic, b"", b"", code, 0, parts.digest), 4)
         return boot_file, File(BUNDLE_NAME, head)
-    head = marshal.dumps((magic, prelude_code, prelude_source, code, len(tail), digest), 4)
-    # Padded to whole base64 quanta (marshal ignores what follows the head, and the tail is
-    # read from the end), the bundle's base64 is the head's and the tail's, encoded once.
-    head += b"\0" * (-len(head) % 3)
-    return boot_file, File.encoded(BUNDLE_NAME, head + tail, base64.b64encode(head) + tail_base64)
+    head = parts.head(code)
+    return boot_file, File.encoded(
+        BUNDLE_NAME, head + parts.tail, base64.b64encode(head) + tail_base64
+    )
 
 
 @functools.cache
 def _encoded_parts() -> tuple[File, bytes]:
-    """The first file, and the bundle's tail in base64: the same in every request."""
-    boot, _, tail, _ = _prelude_parts()
-    return File(PRELUDE_NAME, boot), base64.b64encode(tail)
+    """The first file, and the bundle's tail in base64: the same in every request (the head
+    is padded to whole base64 quanta, so the bundle's base64 is the head's and the tail's)."""
+    parts = _parts()
+    return File(PRELUDE_NAME, parts.boot), base64.b64encode(parts.tail)
 
 
 def prelude_missing(result: EvalResult) -> bool:
-    """Whether a later cell (see :func:`prelude_files`) found no prelude to run: the code did
-    not run, and the cell is to be sent again with the prelude.
+    """Whether a run sent without the prelude (a later cell, or ``resident``: see
+    :func:`prelude_files`) found none to run: the code did not run, and the run is to be sent
+    again with the prelude.
 
     What the first file answers then; code that prints the same and exits the same way is
     merely run again once.
@@ -221,8 +154,19 @@ def prelude_missing(result: EvalResult) -> bool:
     )
 
 
+def carries_prelude(request: EvalRequest) -> bool:
+    """Whether ``request`` (of :func:`build_request`) carries the prelude, rather than running
+    one its sandbox holds (a later cell's, or the service's resident one)."""
+    bundle = next((f for f in request.files if f.path == BUNDLE_NAME), None)
+    return bundle is not None and bool(marshal.loads(bundle.content)[2])
+
+
 def build_request(
-    code: str, *, executable_path: str | None = None, later_cell: bool = False
+    code: str,
+    *,
+    executable_path: str | None = None,
+    later_cell: bool = False,
+    resident: bool = False,
 ) -> EvalRequest:
     """The ``POST /eval`` request that runs ``code`` under the prelude.
 
@@ -235,10 +179,12 @@ def build_request(
         executable_path: The interpreter to run inside the service (``None``: its default).
         later_cell: The run is a later cell of a live session that holds the prelude already
             (see :func:`prelude_files`).
+        resident: The service may keep the prelude resident (see :func:`prelude_files`).
     """
+    code_bytes = code.encode("utf-8", "surrogatepass")
     return EvalRequest(
         args=[PRELUDE_NAME],
-        files=prelude_files(code.encode("utf-8", "surrogatepass"), later_cell=later_cell),
+        files=prelude_files(code_bytes, later_cell=later_cell, resident=resident),
         executable_path=executable_path,
     )
 

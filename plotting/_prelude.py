@@ -61,7 +61,14 @@ _support_compiled = False
 # guarded streams and the support module then last from cell to cell.
 _session = False
 # The names the first file binds in the namespace it runs in (see _boot.py).
-_BOOT_NAMES = ("_boot_file", "_boot_data", "_boot", "_boot_compiled", "_boot_prelude")
+_BOOT_NAMES = (
+    "_boot_file",
+    "_boot_data",
+    "_boot",
+    "_boot_magic",
+    "_boot_compiled",
+    "_boot_prelude",
+)
 _workdir = "."
 _guarded: "list[_Stream]" = []
 _finder = type(sys)("_mcp_finder")

@@ -40,9 +40,11 @@ async def call(transport: str, code: str, limit: float = 90, url: str = "", **ar
             return await client.call_tool("execute_python_code", {"code": code, **arguments})
 
 
-def docker(*args: str) -> str:
+def docker(*args: str, stdin: str | None = None) -> str:
     """What a docker command printed, stdout then stderr (`docker logs` gives both)."""
-    done = subprocess.run([DOCKER, *args], capture_output=True, text=True, check=True, timeout=60)
+    done = subprocess.run(
+        [DOCKER, *args], input=stdin, capture_output=True, text=True, check=True, timeout=60
+    )
     return done.stdout + done.stderr
 
 

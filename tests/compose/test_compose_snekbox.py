@@ -11,10 +11,15 @@ code (docker/snekbox/drain_output.py), on the reader it changes.
 
 from __future__ import annotations
 
+import json
+import marshal
 import re
+from typing import Any
 
 import pytest
 
+import plotting
+from snekbox_client import EvalRequest, File
 from tests.compose.live import NO_STACK, STACK, URL, call, docker, replica_containers
 from tests.support import connect, text_of
 
@@ -39,6 +44,40 @@ run.wait()
 limits = types.SimpleNamespace(read_chunk_size=10_000, max_output_size=1_000_000)
 print("read:", repr(NsJail._consume_stdout(limits, run)))
 """
+
+
+#: Posts stdin to the replica's own Snekbox and prints its answer.
+POST_EVAL = """
+import sys, urllib.request
+request = urllib.request.Request(
+    "http://127.0.0.1:8060/eval", sys.stdin.buffer.read(), {"Content-Type": "application/json"}
+)
+print(urllib.request.urlopen(request, timeout=30).read().decode())
+"""
+
+
+def test_the_image_keeps_the_gateways_prelude_resident() -> None:
+    """A run sent without the prelude (``resident``, as the gateway sends every run to Snekbox)
+    runs the one the image keeps (docker/snekbox/Dockerfile); one of another digest ends before
+    its code, as the gateway expects of an image without it."""
+    [replica, *_] = replica_containers()
+
+    def run(request: EvalRequest) -> dict[str, Any]:
+        body = json.dumps(request.to_json())
+        answer: dict[str, Any] = json.loads(
+            docker("exec", "-i", replica, "python", "-c", POST_EVAL, stdin=body)
+        )
+        return answer
+
+    request = plotting.build_request("print(6 * 7)", resident=True)
+    assert not plotting.carries_prelude(request)
+    answer = run(request)
+    assert (answer["returncode"], answer["stdout"]) == (0, "42\n"), answer
+    boot, bundle = request.files
+    head = marshal.loads(bundle.content)
+    other = marshal.dumps((*head[:5], bytes(16)), 4)  # another prelude's digest
+    missing = run(EvalRequest(args=request.args, files=[boot, File(bundle.path, other)]))
+    assert missing["returncode"] == 121 and "nor resident" in missing["stdout"], missing
 
 
 def test_output_is_read_after_nsjail_has_exited() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from plotting._bundle import RESIDENT_DIR
 from tests.compose.support import COMPOSE_FILES, EVALUATION_SERVICE, ROOT, load, variables
 
 STACKS = sorted(COMPOSE_FILES)
@@ -134,6 +135,14 @@ def test_real_snekbox_runs_with_our_config_and_packages() -> None:
     dockerfile = (ROOT / "docker/snekbox/Dockerfile").read_text()
     assert "PYTHONUSERBASE=/snekbox/user_base" in dockerfile
     assert "-m pip install --user" in dockerfile
+    # The prelude kept resident where _boot.py looks, in the user base every sandbox binds.
+    assert snekbox["build"] == {
+        "context": ".",
+        "dockerfile": "docker/snekbox/Dockerfile",
+        "args": snekbox["build"]["args"],
+    }
+    assert f"/tmp/plotting/_bundle.py {RESIDENT_DIR} " in dockerfile
+    assert RESIDENT_DIR.startswith("/snekbox/user_base/")
     wanted = {"numpy", "matplotlib", "pandas", "scipy", "sympy"}
     requirements = (ROOT / "docker/snekbox/requirements.txt").read_text()
     listed = {

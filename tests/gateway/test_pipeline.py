@@ -16,6 +16,7 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from mcp import Client
 from mcp.types import CallToolResult, ImageContent
 
+import plotting
 from gateway.app import create_server
 from gateway.tool import Gateway
 from python_mcp_server import Settings
@@ -251,3 +252,38 @@ async def test_the_output_schema_takes_null_where_a_field_may_be_null() -> None:
         assert not validator.is_valid({**result, field: bad}), field
     for field in ("returncode", "packages", "install_seconds"):
         assert validator.is_valid({**result, field: None}), field
+
+
+#: What a run sent without the prelude answers where neither its sandbox nor the service has it.
+MISSING = ok(plotting._PRELUDE_MISSING_OUTPUT, returncode=121)
+
+
+async def test_a_snekbox_without_the_resident_prelude_gets_it_in_every_run_after_one_check() -> (
+    None
+):
+    service = FakeService(MISSING, MISSING, ok("1\n"))
+    async with gateway(service) as (_, client):
+        assert facts(await call(client))["stdout"] == "1\n"
+        facts(await call(client))
+    # The call's run, the check (a run of no code), the call's run again with the prelude, and
+    # the next call's, with it from the start.
+    assert service.codes == ["print(1)", "", "print(1)", "print(1)"]
+    sent = [plotting.carries_prelude(request) for request in service.requests]
+    assert sent == [False, False, True, True]
+
+
+async def test_code_that_answers_as_a_missing_prelude_leaves_the_resident_one_in_use() -> None:
+    service = FakeService(MISSING, ok(), ok("forged\n"))
+    async with gateway(service) as (_, client):
+        facts(await call(client, "forge()"))
+        facts(await call(client))
+    assert service.codes == ["forge()", "", "forge()", "print(1)"]
+    sent = [plotting.carries_prelude(request) for request in service.requests]
+    assert sent == [False, False, True, False]
+
+
+async def test_the_built_in_evaluator_is_sent_the_prelude_in_every_run() -> None:
+    service = FakeService(info=LIVE)
+    async with gateway(service) as (_, client):
+        facts(await call(client))
+    assert [plotting.carries_prelude(request) for request in service.requests] == [True]

@@ -48,6 +48,7 @@ def test_exported_members() -> None:
         "Manifest",
         "ReturnedFiles",
         "build_request",
+        "carries_prelude",
         "figure_number",
         "is_figure",
         "prelude_files",

@@ -1,0 +1,139 @@
+"""The prelude as it travels: the first file, the bundle's fixed parts, and its digest.
+
+Only the standard library and the package's own files, read beside this one: an image of the
+real Snekbox runs this file as a script, with each of its interpreters, to keep the prelude
+resident (see :func:`write_resident` and ``docker/snekbox/Dockerfile``), and the gateway
+imports it to build each request (``plotting.prelude_files``).
+"""
+
+import ast
+import hashlib
+import importlib.util
+import marshal
+import os
+import sys
+import zlib
+from pathlib import Path
+from types import CodeType
+
+#: Where a service keeps resident preludes, read-only in every sandbox (the real Snekbox's
+#: user base, which its NsJail configuration binds): ``_boot.py`` looks there.
+RESIDENT_DIR = "/snekbox/user_base/share/mcp-prelude"
+
+#: The support module's parts, each after those it imports, and the module itself last (named
+#: ``""`` in the bundle): see ``_support.py``.
+_SUPPORT_PARTS = ("_output", "_tracebacks", "_figures", "_imports", "_manifest", "_support")
+_HERE = Path(__file__).parent
+
+
+class Parts:
+    """The prelude compiled by this interpreter (see ``plotting.prelude_files``).
+
+    ``boot``: the first file; ``magic``: this interpreter's bytecode magic number;
+    ``prelude_code`` and ``prelude_source``: the prelude ``marshal``-ed, and its source
+    compressed; ``tail``: the support module's code and sources; ``digest``: the name of this
+    prelude, taken over its files alone, so that it is the same for every interpreter.
+    """
+
+    def __init__(self) -> None:
+        boot = _without_docstring((_HERE / "_boot.py").read_bytes())
+        sources = [(_HERE / f"{name}.py").read_bytes() for name in ("_prelude", *_SUPPORT_PARTS)]
+        prelude_code, prelude = _compiled_and_source(sources[0], "<mcp-prelude>")
+        names = [*_SUPPORT_PARTS[:-1], ""]
+        parts = [_compiled_and_source(source, "<mcp-support>") for source in sources[1:]]
+        codes = tuple(zip(names, (code for code, _ in parts), strict=True))
+        texts = tuple(zip(names, (text for _, text in parts), strict=True))
+        self.boot = boot
+        self.magic = importlib.util.MAGIC_NUMBER
+        self.prelude_code = marshal.dumps(prelude_code, 4)
+        self.prelude_source = zlib.compress(prelude, 9)
+        self.tail = marshal.dumps(
+            (zlib.compress(marshal.dumps(codes, 4), 9), zlib.compress(marshal.dumps(texts, 4), 9)),
+            4,
+        )
+        self.digest = hashlib.sha256(b"\0".join([boot, *sources])).digest()[:16]
+
+    def head(self, code: bytes) -> bytes:
+        """The bundle's head for ``code``, padded to whole base64 quanta (``marshal`` ignores
+        what follows it, and the tail is read from the end)."""
+        fields = (self.magic, self.prelude_code, self.prelude_source, code, len(self.tail))
+        head = marshal.dumps((*fields, self.digest), 4)
+        return head + b"\0" * (-len(head) % 3)
+
+
+def resident_path(digest: bytes, magic: bytes) -> str:
+    """Where a service keeps the prelude ``digest`` compiled by interpreters of ``magic``."""
+    return f"{RESIDENT_DIR}/{digest.hex()}-{magic.hex()}.bin"
+
+
+def write_resident(directory: str) -> str:
+    """Write this interpreter's resident prelude into ``directory``: a whole bundle without
+    code, named as :func:`resident_path` names it there. Returns its path."""
+    parts = Parts()
+    name = os.path.basename(resident_path(parts.digest, parts.magic))
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    with open(path + ".part", "wb") as file:
+        file.write(parts.head(b"") + parts.tail)
+    os.chmod(path + ".part", 0o644)
+    os.replace(path + ".part", path)
+    return path
+
+
+def _without_docstring(source: bytes) -> bytes:
+    """``source`` with its module docstring's lines left empty: the first file travels with
+    every run and is compiled by each, and its docstring is for those who read it here."""
+    tree = ast.parse(source)
+    first = tree.body[0] if tree.body else None
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
+        return source
+    lines = source.splitlines(keepends=True)
+    end = first.end_lineno or first.lineno
+    return b"\n" * end + b"".join(lines[end:])
+
+
+def _compiled_and_source(source: bytes, filename: str) -> tuple[CodeType, bytes]:
+    """A module's code, compiled here, and its source, as they travel: with
+    no docstrings, annotations or comments, which nothing reads at run time (bytes each run
+    would pay for), nor what ``if TYPE_CHECKING:`` imports. Line numbers are the file's in the
+    code, not in the source."""
+    tree = ast.parse(source, filename)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            node.returns = None
+            arguments = node.args
+            for arg in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs):
+                arg.annotation = None
+            for rest in (arguments.vararg, arguments.kwarg):
+                if rest is not None:
+                    rest.annotation = None
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and _is_docstring(node):
+            del node.body[0]
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            node.body = [ast.copy_location(ast.Pass(), node)]  # imports for the type checker
+        for field in ("body", "orelse", "finalbody"):
+            statements = getattr(node, field, None)
+            if not isinstance(statements, list):
+                continue
+            for index, statement in enumerate(statements):
+                if isinstance(statement, ast.AnnAssign) and statement.value is not None:
+                    assign = ast.Assign([statement.target], statement.value)
+                    statements[index] = ast.copy_location(assign, statement)
+            if field == "body" and not statements:
+                statements.append(ast.copy_location(ast.Pass(), node))
+    ast.fix_missing_locations(tree)
+    code = compile(tree, filename, "exec", dont_inherit=True, optimize=2)  # asserts: none
+    return code, ast.unparse(tree).encode()
+
+
+def _is_docstring(node: ast.Module | ast.ClassDef | ast.FunctionDef) -> bool:
+    first = node.body[0] if node.body else None
+    return (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    )
+
+
+if __name__ == "__main__":  # python plotting/_bundle.py DIRECTORY (docker/snekbox/Dockerfile)
+    print(write_resident(sys.argv[1] if len(sys.argv) > 1 else RESIDENT_DIR))
