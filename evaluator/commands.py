@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from plotting import RESIDENT_DIR
 from snekbox_client import EvalRequest
 
 from .config import EvaluatorConfig
@@ -40,6 +41,8 @@ class CommandLines:
         compiled_agent: The same compiled for the default interpreter, if it could be.
         empty_file: An empty read-only file on the host, bound over what must look empty.
         packages: The package wiring, whose layer directory a session's sandbox binds.
+        resident_prelude: The directory keeping the gateway's prelude resident (see
+            :func:`.startup.place_resident_prelude`), bound as ``plotting.RESIDENT_DIR``.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class CommandLines:
         compiled_agent: str | None = None,
         empty_file: str | None,
         packages: RunPackages,
+        resident_prelude: str | None = None,
     ) -> None:
         self._config = config
         self._pythons = frozenset(p.path for p in pythons)
@@ -64,6 +68,7 @@ class CommandLines:
         self._compiled_agent = compiled_agent
         self._empty_file = empty_file
         self._packages = packages
+        self._resident = [(resident_prelude, RESIDENT_DIR)] if resident_prelude else []
         #: matplotlib's font list, once built: its host file and its path in the sandbox.
         self.fontlist: tuple[str, str] | None = None
 
@@ -102,7 +107,12 @@ class CommandLines:
             command,
             workdir=workdir.path,
             seccomp=self._seccomp,
-            readonly_files=[*interpreter, *([self.fontlist] if self.fontlist else []), *extra],
+            readonly_files=[
+                *interpreter,
+                *([self.fontlist] if self.fontlist else []),
+                *self._resident,
+                *extra,
+            ],
             empty_file=self._empty_file,
             env=env,
             shm=workdir.shm,

@@ -167,9 +167,7 @@ class Evaluator:
         startup.warn_if_unsandboxed(config)
         uv = find_uv(config.uv)
         self._pythons = await asyncio.to_thread(interpreters, config.executable, config.pythons, uv)
-        view, python_binds = (
-            (None, {}) if config.unsandboxed else startup.sandbox_view_of(config, self._pythons)
-        )
+        view, python_binds = startup.sandbox_view_of(config, self._pythons)
         self._users = RunUsers.for_service(config.sandbox_uid, config.sandbox_uids)
         await self._run_packages.open(uv, self._users, self._pythons)
         self._cgroups = startup.detect_cgroups(config)
@@ -190,6 +188,7 @@ class Evaluator:
             compiled_agent=compiled_agent,
             empty_file=empty_file,
             packages=self._run_packages,
+            resident_prelude=startup.place_resident_prelude(root, self._pythons[0]),
         )
         return session_bytes
 

@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from plotting import write_resident
 from snekbox_client import EvalResult
 
 from . import bytecode, limits, seccomp
@@ -50,6 +51,7 @@ __all__ = [
     "log_sessions",
     "make_pool",
     "place_agent_files",
+    "place_resident_prelude",
     "probe",
     "sandbox_view_of",
     "seccomp_filter",
@@ -85,13 +87,16 @@ def warn_if_unsandboxed(config: EvaluatorConfig) -> None:
 
 def sandbox_view_of(
     config: EvaluatorConfig, pythons: tuple[Interpreter, ...]
-) -> tuple[SandboxView, dict[str, tuple[str, ...]]]:
+) -> tuple[SandboxView | None, dict[str, tuple[str, ...]]]:
     """What the sandboxes see of the host, and the paths of each interpreter but the default
-    (bound only into the sandboxes that run them: each sees its own interpreter).
+    (bound only into the sandboxes that run them: each sees its own interpreter); unsandboxed,
+    nothing.
 
     Raises:
         SandboxUnavailable: bwrap is missing, or user namespaces are disabled.
     """
+    if config.unsandboxed:
+        return None, {}
     check_prerequisites(config.bwrap)
     python_binds = {p.path: interpreter_paths(p.path) for p in pythons if not p.default}
     others = [path for paths in python_binds.values() for path in paths]
@@ -142,6 +147,20 @@ def place_agent_files(root: WorkdirRoot, default: Interpreter) -> tuple[str, str
     empty = root.path / "empty"
     empty.touch(0o444)
     return str(agent), compiled, str(empty)
+
+
+def place_resident_prelude(root: WorkdirRoot, default: Interpreter) -> str | None:
+    """The directory keeping the gateway's prelude resident (``plotting.write_resident``),
+    which every sandbox binds where the prelude's first file looks for it
+    (``plotting.RESIDENT_DIR``), so that a run carries only its code. Compiled here, so
+    ``None`` unless the ``default`` interpreter is this process's version: the gateway then
+    sends the prelude with each run."""
+    if default.version != platform.python_version():
+        return None
+    directory = root.path / "mcp-prelude"
+    write_resident(str(directory))
+    directory.chmod(0o555)
+    return str(directory)
 
 
 def seccomp_filter(config: EvaluatorConfig, users: RunUsers) -> tuple[bytes | None, str]:

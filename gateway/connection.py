@@ -159,19 +159,19 @@ class Connection:
 
     @property
     def resident_prelude(self) -> bool:
-        """Whether a run goes without the prelude, for the one the service keeps resident
-        (``plotting.prelude_files``): the real Snekbox, whose image built from
-        ``docker/snekbox/Dockerfile`` keeps it, until a run finds that it does not (the
-        built-in evaluator, which says its limits in ``GET /info``, keeps none)."""
-        return self._resident and not self.limits_time
+        """Whether a run with the default interpreter goes without the prelude, for the one
+        the service keeps resident (``plotting.prelude_files``): the built-in evaluator's, and
+        the real Snekbox's built from ``docker/snekbox/Dockerfile``, until a run finds that the
+        service keeps none of this gateway's."""
+        return self._resident
 
     def no_resident_prelude(self) -> None:
         """The service keeps no resident prelude of this gateway's: every run carries it."""
         if self._resident:
             logger.info(
-                "the evaluation service keeps no resident prelude of this gateway's (an image "
-                "not built from docker/snekbox/Dockerfile, or another version): every run "
-                "carries it (about 37 KB)"
+                "the evaluation service keeps no resident prelude of this gateway's (a Snekbox "
+                "image not built from docker/snekbox/Dockerfile, another version, an evaluator "
+                "on another Python): every run carries it (about 37 KB)"
             )
         self._resident = False
 

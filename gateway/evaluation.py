@@ -151,10 +151,12 @@ class Evaluations:
             if replica is not None and not (session.calls or session.adopted):
                 self.sessions.place(session, replica)  # its handle names the replica
             session.replica = replica
+        executable_path = choices.python.executable_path if choices.python else None
         request = plotting.build_request(
             run.code,
             later_cell=self._later_cell(session),
-            resident=self.connection.resident_prelude,
+            # Kept for the default interpreter only, by the built-in evaluator.
+            resident=self.connection.resident_prelude and executable_path is None,
         )
         return replace(
             request,
@@ -171,7 +173,7 @@ class Evaluations:
             session_resume=live and session.live,
             end_sessions=self.connection.take_evicted(session.replica) if live else (),
             session_owner=owner_name(session.client) if live else None,
-            executable_path=choices.python.executable_path if choices.python else None,
+            executable_path=executable_path,
             packages=choices.packages,
             wait=run.wait,
         )

@@ -40,7 +40,9 @@ from dataclasses import dataclass
 
 from snekbox_client import EvalRequest, EvalResult, File
 
+from ._bundle import RESIDENT_DIR
 from ._bundle import Parts as _Parts
+from ._bundle import write_resident as _write_resident
 from ._figures import FIGURE_DPI, FIGURE_MAX_PIXELS, PARTIAL_SUFFIX
 from ._manifest import MANIFEST_MAX_BYTES, MANIFEST_NAME
 from ._prelude import BUNDLE_NAME, CODE_FILENAME, PRELUDE_NAME
@@ -56,6 +58,7 @@ __all__ = [
     "MANIFEST_NAME",
     "PNG_SIGNATURE",
     "PRELUDE_NAME",
+    "RESIDENT_DIR",
     "Manifest",
     "ReturnedFiles",
     "build_request",
@@ -66,6 +69,7 @@ __all__ = [
     "prelude_missing",
     "read_manifest",
     "sort_files",
+    "write_resident",
 ]
 
 #: Names of the figures the prelude captures; group 1 is the figure's number (ASCII digits).
@@ -129,6 +133,13 @@ def prelude_files(
     return boot_file, File.encoded(
         BUNDLE_NAME, head + parts.tail, base64.b64encode(head) + tail_base64
     )
+
+
+def write_resident(directory: str) -> str:
+    """Write the prelude as a service keeps it resident for this interpreter (see
+    :func:`prelude_files`), in ``directory``, which the service's sandboxes see as
+    :data:`RESIDENT_DIR`. Returns its path."""
+    return _write_resident(directory, _parts())
 
 
 @functools.cache

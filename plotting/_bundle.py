@@ -66,10 +66,11 @@ def resident_path(digest: bytes, magic: bytes) -> str:
     return f"{RESIDENT_DIR}/{digest.hex()}-{magic.hex()}.bin"
 
 
-def write_resident(directory: str) -> str:
-    """Write this interpreter's resident prelude into ``directory``: a whole bundle without
-    code, named as :func:`resident_path` names it there. Returns its path."""
-    parts = Parts()
+def write_resident(directory: str, parts: Parts | None = None) -> str:
+    """Write this interpreter's resident prelude (``parts``, else compiled now) into
+    ``directory``: a whole bundle without code, named as :func:`resident_path` names it there.
+    Returns its path."""
+    parts = parts or Parts()
     name = os.path.basename(resident_path(parts.digest, parts.magic))
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name)

@@ -6,6 +6,9 @@
                                    |  (evaluator injected at start, through a few modules)
                                    v
                                evaluator -> snekbox_client
+                                   |  (keeps the prelude resident for the gateway's runs)
+                                   v
+                               plotting (RESIDENT_DIR, write_resident)
     both services -> serving (shared plumbing: settings, h11/ASGI guards)
     plotting: runs in the sandbox, the standard library only
 
@@ -42,6 +45,8 @@ GATEWAY_MODULES_NAMING_THE_EVALUATOR = frozenset(
 #: besides the standard library: matplotlib, whose figures they capture (loaded only when the
 #: user's code has imported it).
 SANDBOX_MAY_IMPORT = frozenset({"matplotlib"})
+#: What the evaluator takes of plotting: it keeps the prelude resident for the gateway's runs.
+EVALUATOR_TAKES_OF_PLOTTING = frozenset({"RESIDENT_DIR", "write_resident"})
 #: plotting's own ``__init__`` runs in the gateway (it builds the request): the wire format too.
 PLOTTING_HOST_MAY_IMPORT = frozenset({"snekbox_client"})
 
@@ -122,6 +127,17 @@ def test_nothing_imports_the_face(package: str) -> None:
 
 def test_the_evaluator_never_imports_the_gateway() -> None:
     assert against("evaluator", {"gateway", FACE}) == []
+
+
+def test_the_evaluator_takes_of_plotting_only_the_resident_prelude() -> None:
+    wrong = [
+        str(i)
+        for i in imports("evaluator")
+        if i.top == "plotting"
+        and (i.target != "plotting" or not set(i.names) <= EVALUATOR_TAKES_OF_PLOTTING)
+    ]
+    assert wrong == []
+    assert any(i.top == "plotting" for i in imports("evaluator"))
 
 
 def test_the_wire_format_imports_no_other_part() -> None:

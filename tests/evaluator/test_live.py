@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import marshal
 import os
 import select
 import subprocess
@@ -432,13 +433,44 @@ async def test_a_later_cell_without_the_prelude_runs_as_a_full_one(evaluator: Ev
     assert [f.path for f in plotting.sort_files(drawn.files).figures] == ["figure_001.png"]
     listed = await run("import os\nprint([f for f in sorted(os.listdir()) if f[0] != '.'])")
     assert listed.stdout == "['figure_001.png']\n", listed
-    # An interpreter without this prelude (removed, or another gateway's): the code does not run.
+    # An interpreter without this prelude (removed, or another gateway's) runs the one the
+    # evaluator keeps resident, in the same namespace.
     gone = await run("import sys\nsys._mcp_prelude = dict(sys._mcp_prelude, _digest=b'other')")
     assert gone.returncode == 0
-    missing = await run("print('ran')")
+    assert (await run("print(x)")).stdout == "2\n"
+    # A prelude the evaluator does not keep either (another gateway's): the code does not run.
+    boot, bundle = plotting.build_request("print('ran')", later_cell=True).files
+    other = marshal.dumps((*marshal.loads(bundle.content)[:5], bytes(16)), 4)
+    missing = await evaluator.run(
+        EvalRequest(args=[boot.path], files=[boot, File(bundle.path, other)], session="s")
+    )
     assert plotting.prelude_missing(missing), missing
     assert (await run("print(x)", later_cell=False)).stdout == "2\n"
     assert (await run("print(x)")).stdout == "2\n"
+
+
+async def test_a_run_without_the_prelude_runs_the_one_the_evaluator_keeps(
+    evaluator: Evaluator,
+) -> None:
+    """The gateway sends its runs without the prelude (``resident``): the evaluator keeps it
+    where each sandbox reads it and no code can change it."""
+    code = (
+        "import matplotlib.pyplot as plt, os\n"
+        "plt.plot([1, 2])\n"
+        f"for name in [*os.listdir({plotting.RESIDENT_DIR!r}), 'new']:\n"
+        "    try:\n"
+        f"        open(os.path.join({plotting.RESIDENT_DIR!r}, name), 'a')\n"
+        "    except OSError as error:\n"
+        "        print(error.strerror)\n"
+    )
+    request = plotting.build_request(code, resident=True)
+    assert not plotting.carries_prelude(request)
+    with anyio.fail_after(120):
+        result = await evaluator.run(request)
+    assert result.returncode == 0, result
+    refused = result.stdout.splitlines()
+    assert len(refused) == 2 and set(refused) <= {"Read-only file system", "Permission denied"}
+    assert [f.path for f in plotting.sort_files(result.files).figures] == ["figure_001.png"]
 
 
 #: Code that makes the next call of ``name`` in the support module (``<mcp-support>``; its

@@ -8,6 +8,7 @@ import struct
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -20,7 +21,7 @@ import plotting
 from gateway.app import create_server
 from gateway.tool import Gateway
 from python_mcp_server import Settings
-from snekbox_client import EvaluatorRejected, EvaluatorUnavailable, File, ServiceInfo
+from snekbox_client import EvaluatorRejected, EvaluatorUnavailable, File, Python, ServiceInfo
 from tests.gateway.conftest import with_time_limit
 from tests.gateway.fake_service import LIVE, FakeService, ok
 from tests.support import text_of
@@ -282,8 +283,12 @@ async def test_code_that_answers_as_a_missing_prelude_leaves_the_resident_one_in
     assert sent == [False, False, True, False]
 
 
-async def test_the_built_in_evaluator_is_sent_the_prelude_in_every_run() -> None:
-    service = FakeService(info=LIVE)
+async def test_a_run_with_another_python_than_the_default_carries_the_prelude() -> None:
+    pythons = (Python("3.12.1", "/usr/bin/python3"), Python("3.13.0", "/opt/python3.13"))
+    service = FakeService(info=replace(LIVE, pythons=pythons))
     async with gateway(service) as (_, client):
+        facts(await call(client, python="3.13"))
         facts(await call(client))
-    assert [plotting.carries_prelude(request) for request in service.requests] == [True]
+    assert [r.executable_path for r in service.requests] == ["/opt/python3.13", None]
+    # The service keeps it compiled for its default interpreter only.
+    assert [plotting.carries_prelude(r) for r in service.requests] == [True, False]

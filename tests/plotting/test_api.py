@@ -45,6 +45,7 @@ def test_exported_members() -> None:
         "MANIFEST_NAME",
         "PNG_SIGNATURE",
         "PRELUDE_NAME",
+        "RESIDENT_DIR",
         "Manifest",
         "ReturnedFiles",
         "build_request",
@@ -55,6 +56,7 @@ def test_exported_members() -> None:
         "prelude_missing",
         "read_manifest",
         "sort_files",
+        "write_resident",
     }
     for name in plotting.__all__:
         assert getattr(plotting, name) is not None
