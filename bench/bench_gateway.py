@@ -4,8 +4,8 @@ Starts the built-in evaluator as its own service and the gateway in front of it 
 both under uvicorn on loopback ports, then runs ``print(1)`` N times each way, interleaved in
 one loop (each round in a new order) so that machine noise hits every way alike; ``--gap``
 pauses before each call (a model's pace: warm sandboxes are made again meanwhile). The direct
-call sends the very request the gateway sends (the prelude, but in a live session's later
-cells), so the difference is the gateway alone: MCP framing, JSON-RPC, the tool layer, and one
+call sends the very request the gateway sends (the code, for the prelude the evaluator keeps
+resident), so the difference is the gateway alone: MCP framing, JSON-RPC, the tool layer, and one
 more HTTP hop; and the MCP client's own work (its share is not small).
 To tell the two apart, a third way per gateway, "plain", calls the tool over Streamable HTTP
 (protocol 2026-07-28: one JSON-RPC POST per call) with a bare httpx client, the same kind of
@@ -126,20 +126,24 @@ async def measure(
 def via_direct(direct: SnekboxClient, name: str, *, session: bool) -> Callable[[], Awaitable[None]]:
     """The gateway's very request, sent directly: each call a new session's first cell, or
     (``session``) one session's later cells, as the gateway sends them (without the prelude
-    its interpreter holds)."""
-    request = plotting.build_request("print(1)")
+    its interpreter holds; a first cell without the prelude the evaluator keeps resident, or
+    with it, from the first call on, to an evaluator that keeps none: a 'before' checkout's)."""
+    first = plotting.build_request("print(1)", resident=True)
     later_cell = plotting.build_request("print(1)", later_cell=True)
     new_sessions = itertools.count()
     started = False
 
     async def call() -> None:
-        nonlocal started
+        nonlocal started, first
         if session:
-            sent = replace(later_cell if started else request, session=f"bench-{name}")
+            sent = replace(later_cell if started else first, session=f"bench-{name}")
             started = True
         else:
-            sent = replace(request, session=f"bench-{name}-{next(new_sessions)}")
+            sent = replace(first, session=f"bench-{name}-{next(new_sessions)}")
         result = await direct.eval(sent)
+        if plotting.prelude_missing(result):  # the warm-up's first call, to a 'before'
+            first = plotting.build_request("print(1)")
+            result = await direct.eval(replace(sent, files=first.files))
         assert result.stdout == "1\n", result
 
     return call

@@ -8,8 +8,11 @@ hits every way alike:
 - ``direct /eval``: the plain ``POST /eval {"input": "print(1)"}`` a Snekbox user would send,
   with a bare ``httpx.AsyncClient`` (keep-alive, no proxies): the baseline every way's overhead
   is taken over (issue 31 compares the gateways' overheads over it).
-- ``direct prelude``: the very request the gateway sends for that call (the prelude's boot file
-  and bundle), with the same client: what Snekbox itself takes for the gateway's request.
+- ``direct prelude resident``: the very request the gateway sends for that call to an image
+  keeping the prelude resident (docker/snekbox/Dockerfile: the boot file and the code), with
+  the same client: what Snekbox itself takes for the gateway's request; left out when the
+  Snekbox keeps none. ``direct prelude carried``: the request carrying the prelude (37 KB), as
+  the gateway sends it to an image without it.
 - ``<gateway> HTTP`` and ``<gateway> SSE``: the tool called with the official MCP client
   (``mcp.Client``) over Streamable HTTP and over SSE, each call without ``session_id`` (the
   call starts a code session, as a model's first call does).
@@ -68,22 +71,32 @@ async def measure(n: int, snekbox_url: str, gateways: dict[str, str]) -> dict[st
         direct = await stack.enter_async_context(
             httpx.AsyncClient(base_url=snekbox_url, trust_env=False, timeout=30)
         )
-        prelude_body = plotting.build_request("print(1)").to_json()
+        carried = plotting.build_request("print(1)").to_json()
+        resident = plotting.build_request("print(1)", resident=True).to_json()
 
         async def via_direct() -> None:
             response = await direct.post("/eval", json={"input": "print(1)"})
             response.raise_for_status()
             assert response.json()["stdout"] == "1\n", response.text
 
-        async def via_prelude() -> None:
-            response = await direct.post("/eval", json=prelude_body)
-            response.raise_for_status()
-            assert response.json()["stdout"] == "1\n", response.text
+        def via_prelude(body: dict[str, object]) -> Callable[[], Awaitable[None]]:
+            async def way() -> None:
+                response = await direct.post("/eval", json=body)
+                response.raise_for_status()
+                assert response.json()["stdout"] == "1\n", response.text
+
+            return way
 
         ways: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             (DIRECT, via_direct),
-            ("direct prelude", via_prelude),
+            ("direct prelude carried", via_prelude(carried)),
         ]
+        answer = (await direct.post("/eval", json=resident)).json()
+        if answer.get("returncode") == 0:
+            ways.append(("direct prelude resident", via_prelude(resident)))
+        else:
+            print("this Snekbox keeps no resident prelude of this checkout's: the gateway's")
+            print("runs carry it, and 'direct prelude resident' is left out")
         for name, url in gateways.items():
             http = await stack.enter_async_context(Client(f"{url}/mcp"))
             sse = await stack.enter_async_context(Client(sse_client(f"{url}/sse")))
