@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from plotting import RESIDENT_DIR
+from plotting import RESIDENT_DIR, prelude_digest
 from snekbox_client import EvalRequest
 
 from .config import EvaluatorConfig
@@ -69,6 +69,8 @@ class CommandLines:
         self._empty_file = empty_file
         self._packages = packages
         self._resident = [(resident_prelude, RESIDENT_DIR)] if resident_prelude else []
+        #: The digest of the prelude kept resident, said in ``GET /info`` (``None``: none).
+        self.resident_prelude = prelude_digest() if resident_prelude else None
         #: matplotlib's font list, once built: its host file and its path in the sandbox.
         self.fontlist: tuple[str, str] | None = None
 

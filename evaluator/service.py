@@ -188,7 +188,7 @@ class Evaluator:
             compiled_agent=compiled_agent,
             empty_file=empty_file,
             packages=self._run_packages,
-            resident_prelude=startup.place_resident_prelude(root, self._pythons[0]),
+            resident_prelude=startup.place_resident_prelude(config, root, self._pythons[0]),
         )
         return session_bytes
 
@@ -320,6 +320,7 @@ class Evaluator:
             packages_why=self._run_packages.why_off if cache is None else None,
             install_timeout=None if cache is None else config.package_timeout,
             long_time_limit=config.long_time_limit if self.session_limit else None,
+            resident_prelude=self._commands.resident_prelude if self._commands else None,
         )
 
     async def end_session(self, session: str) -> None:

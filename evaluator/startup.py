@@ -149,13 +149,15 @@ def place_agent_files(root: WorkdirRoot, default: Interpreter) -> tuple[str, str
     return str(agent), compiled, str(empty)
 
 
-def place_resident_prelude(root: WorkdirRoot, default: Interpreter) -> str | None:
+def place_resident_prelude(
+    config: EvaluatorConfig, root: WorkdirRoot, default: Interpreter
+) -> str | None:
     """The directory keeping the gateway's prelude resident (``plotting.write_resident``),
     which every sandbox binds where the prelude's first file looks for it
     (``plotting.RESIDENT_DIR``), so that a run carries only its code. Compiled here, so
-    ``None`` unless the ``default`` interpreter is this process's version: the gateway then
-    sends the prelude with each run."""
-    if default.version != platform.python_version():
+    ``None`` unless the ``default`` interpreter is this process's version, or unsandboxed (no
+    bind): the gateway then sends the prelude with each run."""
+    if default.version != platform.python_version() or config.unsandboxed:
         return None
     directory = root.path / "mcp-prelude"
     write_resident(str(directory))

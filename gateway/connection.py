@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+import plotting
 from evaluator import Evaluator, InProcessClient
 from snekbox_client import (
     EvalRequest,
@@ -32,6 +33,7 @@ from .backend import START_PROBE_TIMEOUT, Backend
 from .choices import Offer
 from .code_sessions import CodeSession, Ending
 from .failures import ServiceFailure, explain, failure_kind
+from .resident import ResidentPrelude
 from .settings import Settings
 
 __all__ = [
@@ -124,8 +126,8 @@ class Connection:
         # next request to their replica ends them first (see take_evicted), else a DELETE
         # does once the call that closed them ends (end_evicted).
         self._evicted: list[tuple[str, str | None]] = []
-        # Until the service is found to keep no resident prelude (see resident_prelude).
-        self._resident = True
+        #: Whether the service keeps the prelude resident, as runs found.
+        self.resident = ResidentPrelude()
 
     async def start(self, describe: Callable[[], str]) -> None:
         """Start a local service, ask what the service offers, and keep asking in the
@@ -157,23 +159,16 @@ class Connection:
         """Whether the service keeps a live interpreter per session."""
         return self.backend is not None and self.backend.live_sessions
 
-    @property
-    def resident_prelude(self) -> bool:
-        """Whether a run with the default interpreter goes without the prelude, for the one
-        the service keeps resident (``plotting.prelude_files``): the built-in evaluator's, and
-        the real Snekbox's built from ``docker/snekbox/Dockerfile``, until a run finds that the
-        service keeps none of this gateway's."""
-        return self._resident
-
-    def no_resident_prelude(self) -> None:
-        """The service keeps no resident prelude of this gateway's: every run carries it."""
-        if self._resident:
-            logger.info(
-                "the evaluation service keeps no resident prelude of this gateway's (a Snekbox "
-                "image not built from docker/snekbox/Dockerfile, another version, an evaluator "
-                "on another Python): every run carries it (about 37 KB)"
-            )
-        self._resident = False
+    def sends_resident(self, *, resent: bool) -> bool:
+        """Whether a run with the default interpreter goes without the prelude, for the one the
+        service keeps resident (``plotting.prelude_files``): as the built-in evaluator says in
+        ``GET /info``; as runs found, where the service says nothing (Snekbox, whose image
+        built from ``docker/snekbox/Dockerfile`` keeps it), for a run that can be ``resent``
+        whole should it keep none."""
+        if self.limits_time:  # the built-in evaluator, which says it
+            said = self.info.resident_prelude == plotting.prelude_digest()
+            return said and self.resident.usable(resent=True)
+        return self.resident.usable(resent=resent)
 
     @property
     def reads_cells(self) -> bool:

@@ -155,8 +155,10 @@ class Evaluations:
         request = plotting.build_request(
             run.code,
             later_cell=self._later_cell(session),
-            # Kept for the default interpreter only, by the built-in evaluator.
-            resident=self.connection.resident_prelude and executable_path is None,
+            # Kept compiled for its default interpreter by the built-in evaluator (for each by
+            # the Snekbox image, which reads no cell later: every run there can be resent).
+            resident=executable_path is None
+            and self.connection.sends_resident(resent=run.wait is None),
         )
         return replace(
             request,
@@ -222,30 +224,34 @@ class Evaluations:
             ) from None
 
     async def _eval(self, run: Run, request: EvalRequest) -> EvalResult:
-        """``POST /eval`` of ``request``; sent without the prelude (a later cell, or for the
-        service's resident one) to a sandbox that has none, it is sent again with it."""
+        """``POST /eval`` of ``request``; sent without the prelude (for the service's resident
+        one, or a later cell's) to a sandbox that has none, it is sent again with it."""
         replica, extra_time = run.session.replica, self._install_time(run.choices)
         result = await self.connection.service.eval(request, replica=replica, extra_time=extra_time)
-        if result.running or not plotting.prelude_missing(result):
+        if result.running or plotting.carries_prelude(request):
             return result
-        if not plotting.carries_prelude(request):
-            # The code did not run: the interpreter has no prelude of this gateway's (the code
-            # removed it, another gateway's runs there), nor the service (see _check_resident).
-            if self.connection.resident_prelude:
-                await self._check_resident(replica)
-            whole = plotting.build_request(run.code)
-            request = replace(request, files=(*whole.files, *self._files(run)))
-            result = await self.connection.service.eval(
-                request, replica=replica, extra_time=extra_time
-            )
-        return result
+        if not plotting.prelude_missing(result):
+            if not self._later_cell(run.session):
+                self.connection.resident.found()
+            return result
+        # The code did not run: the interpreter has no prelude of this gateway's (the code
+        # removed it, another gateway's runs there), nor the service (see _check_resident).
+        if self.connection.resident.usable(resent=True):
+            await self._check_resident(replica)
+        whole = plotting.build_request(run.code)
+        request = replace(request, files=(*whole.files, *self._files(run)))
+        return await self.connection.service.eval(request, replica=replica, extra_time=extra_time)
 
     async def _check_resident(self, replica: str | None) -> None:
         """Whether the service keeps the prelude resident, asked by a run of no code: a run's
-        answer alone may be the code's own, which would make every later run carry it."""
+        answer alone may be the code's own, which would make runs carry it for nothing."""
         probe = plotting.build_request("", resident=True)
-        if plotting.prelude_missing(await self.connection.service.eval(probe, replica=replica)):
-            self.connection.no_resident_prelude()
+        try:
+            answer = await self.connection.service.eval(probe, replica=replica)
+        except SnekboxError:
+            return  # not known: the next run's answer tells
+        if plotting.prelude_missing(answer):
+            self.connection.resident.missing()
 
     def _failure(self, exc: SnekboxError, session: CodeSession, running: int) -> ServiceFailure:
         """The tool error for the service's failure ``exc`` (``running``: evaluations in flight

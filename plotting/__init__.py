@@ -65,6 +65,7 @@ __all__ = [
     "carries_prelude",
     "figure_number",
     "is_figure",
+    "prelude_digest",
     "prelude_files",
     "prelude_missing",
     "read_manifest",
@@ -100,16 +101,16 @@ def prelude_files(
 ) -> tuple[File, File]:
     """The two files of the request that runs ``code``: the first file and the bundle.
 
-    The bundle is two ``marshal`` records, readable by any Python 3. The head, ``(magic,
-    prelude code, prelude source, code, size of the tail, digest)``: ``magic`` is this
-    interpreter's bytecode magic number (``importlib.util.MAGIC_NUMBER``), the prelude's code is
-    compiled here, ``marshal``-ed (see :func:`_compiled_and_source`), its source compressed
-    with ``zlib``, the digest names this prelude. The tail, ``(support code, support source)``:
-    each a ``marshal``-ed tuple of ``(part, code)`` (or source) pairs of the support module's
-    parts, the module itself last (part ``""``), compressed with ``zlib``: read only by a run
-    that needs the support module. ``_boot.py`` loads the compiled prelude when its
-    interpreter has the same magic number, else it compiles the prelude's source, and the
-    prelude does the same with the support module.
+    The bundle is two ``marshal`` records, readable by any Python 3. The head, ``(magic, prelude
+    code, prelude source, code, size of the tail, digest)``: ``magic`` is the bytecode magic number
+    (``importlib.util.MAGIC_NUMBER``) of the interpreter that compiled the prelude's code (this one;
+    a resident bundle's: the service's), ``marshal``-ed (see ``_bundle.py``), its source compressed
+    with ``zlib``, the digest names this prelude. The tail, ``(support code, support source)``: each
+    a ``marshal``-ed tuple of ``(part, code)`` (or source) pairs of the support module's parts, the
+    module itself last (part ``""``), compressed with ``zlib``: read only by a run that needs the
+    support module. ``_boot.py`` loads the compiled prelude when its interpreter has the same magic
+    number, else it compiles the prelude's source, and the prelude does the same with the support
+    module.
 
     ``later_cell``: a later cell of a live session, whose interpreter keeps the prelude an
     earlier cell ran (``sys._mcp_prelude``): the bundle is the head alone, with the prelude's
@@ -120,7 +121,8 @@ def prelude_files(
     whole.
 
     ``resident``: the service may keep this prelude resident (the real Snekbox built from
-    ``docker/snekbox/Dockerfile``, which runs ``plotting/_bundle.py``): the bundle is the head
+    ``docker/snekbox/Dockerfile``, which runs ``plotting/_bundle.py``; the built-in evaluator,
+    see :func:`write_resident`): the bundle is the head
     alone, as for a later cell, and the first file loads the whole bundle the service keeps for
     its interpreter (``_bundle.RESIDENT_DIR``).
     """
@@ -133,6 +135,11 @@ def prelude_files(
     return boot_file, File.encoded(
         BUNDLE_NAME, head + parts.tail, base64.b64encode(head) + tail_base64
     )
+
+
+def prelude_digest() -> str:
+    """The name of this prelude (hex): a service keeping it resident says it (``GET /info``)."""
+    return _parts().digest.hex()
 
 
 def write_resident(directory: str) -> str:
@@ -156,7 +163,7 @@ def prelude_missing(result: EvalResult) -> bool:
     again with the prelude.
 
     What the first file answers then; code that prints the same and exits the same way is
-    merely run again once.
+    merely run again once, after a run of no code that tells whether the service keeps it.
     """
     return (
         result.returncode == _PRELUDE_MISSING_STATUS

@@ -1,10 +1,10 @@
 """The first file of every run: loads the prelude and starts it (see ``plotting/__init__.py``).
 
-The interpreter compiles this file on every run, so it is kept to a few statements. The bundle
-(see ``prelude_files()``) holds the user's code and the prelude and its support module compiled
-by the gateway's interpreter: the prelude is loaded here, the support module only when a run
-needs it. An interpreter with another bytecode format (magic number) compiles their sources
-instead. A bundle without the prelude runs the one an earlier cell of its session kept
+The interpreter compiles this file on every run, so it is kept to a few statements. The bundle (see
+``prelude_files()``) holds the user's code and the prelude and its support module compiled by the
+gateway's interpreter (a resident one: by the service's): the prelude is loaded here, the support
+module only when a run needs it. An interpreter with another bytecode format (magic number) compiles
+their sources instead. A bundle without the prelude runs the one an earlier cell of its session kept
 (``sys._mcp_prelude``) if it is the bundle's (its digest), else the one resident in the service
 (``plotting._bundle.RESIDENT_DIR``) for this digest and magic number; else the run ends, and the
 gateway sends it. The prelude removes both files before the user's code runs.
@@ -36,8 +36,8 @@ if __name__ == "__main__":
                 flush=True,
             )
             sys.exit(121)
-        _boot_prelude = marshal.loads(_boot_data)
-        _boot = (*_boot_prelude[:3], _boot[3], *_boot_prelude[4:])
+        _boot_resident = marshal.loads(_boot_data)  # its head, with the request's code
+        _boot = (*_boot_resident[:3], _boot[3], *_boot_resident[4:])
     _boot_compiled = _boot[0] == _boot_magic
     if _boot[2]:
         _boot_prelude = {"__name__": "_mcp_prelude"}

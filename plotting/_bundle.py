@@ -32,7 +32,7 @@ class Parts:
     ``boot``: the first file; ``magic``: this interpreter's bytecode magic number;
     ``prelude_code`` and ``prelude_source``: the prelude ``marshal``-ed, and its source
     compressed; ``tail``: the support module's code and sources; ``digest``: the name of this
-    prelude, taken over its files alone, so that it is the same for every interpreter.
+    prelude, taken over its files (and this one) alone: the same for every interpreter.
     """
 
     def __init__(self) -> None:
@@ -51,7 +51,9 @@ class Parts:
             (zlib.compress(marshal.dumps(codes, 4), 9), zlib.compress(marshal.dumps(texts, 4), 9)),
             4,
         )
-        self.digest = hashlib.sha256(b"\0".join([boot, *sources])).digest()[:16]
+        # This file too: it decides what the bundle holds.
+        making = (_HERE / "_bundle.py").read_bytes()
+        self.digest = hashlib.sha256(b"\0".join([boot, making, *sources])).digest()[:16]
 
     def head(self, code: bytes) -> bytes:
         """The bundle's head for ``code``, padded to whole base64 quanta (``marshal`` ignores

@@ -66,6 +66,7 @@ _BOOT_NAMES = (
     "_boot_data",
     "_boot",
     "_boot_magic",
+    "_boot_resident",
     "_boot_compiled",
     "_boot_prelude",
 )

@@ -23,6 +23,7 @@ class Python:
 #: Interpreters and allowed package names a ``GET /info`` answer may list, and their length.
 _MAX_PYTHONS, _MAX_ALLOWED, _MAX_NAME = 32, 1000, 200
 _VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?[A-Za-z0-9+.]*")
+_DIGEST = re.compile(r"[0-9a-f]{32}")
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -52,6 +53,9 @@ class ServiceInfo:
     #: Seconds one resolution, or one install, of a set may take there (``None``: not said).
     install_timeout: float | None = None
     long_time_limit: float | None = None
+    #: The digest (hex) of the gateway's prelude the service keeps resident for its default
+    #: interpreter (``plotting.prelude_digest``; ``None``: not said, or none kept).
+    resident_prelude: str | None = None
 
     @classmethod
     def none(cls) -> ServiceInfo:
@@ -68,6 +72,8 @@ class ServiceInfo:
                 {"version": p.version, "executable_path": p.executable_path} for p in self.pythons
             ],
         }
+        if self.resident_prelude is not None:
+            body["resident_prelude"] = self.resident_prelude
         if self.packages is not None:
             body["packages"] = {"policy": self.packages, "allowed": list(self.allowed)}
             if self.packages_why is not None:
@@ -98,6 +104,9 @@ class ServiceInfo:
             if value is not None and not (is_number(value) and value > 0):
                 raise InvalidResponse(f"'{name}' is not a positive number")
         packages, allowed, why, install_timeout = _packages_from_info(data.get("packages"))
+        resident = data.get("resident_prelude")
+        if resident is not None and not (isinstance(resident, str) and _DIGEST.fullmatch(resident)):
+            raise InvalidResponse("'resident_prelude' is not a digest of 32 hex digits")
         return cls(
             max_sessions,
             None if idle is None else float(idle),
@@ -108,6 +117,7 @@ class ServiceInfo:
             why,
             install_timeout,
             None if long_limit is None else float(long_limit),
+            resident,
         )
 
 

@@ -8,7 +8,7 @@
                                evaluator -> snekbox_client
                                    |  (keeps the prelude resident for the gateway's runs)
                                    v
-                               plotting (RESIDENT_DIR, write_resident)
+                               plotting (RESIDENT_DIR, prelude_digest, write_resident)
     both services -> serving (shared plumbing: settings, h11/ASGI guards)
     plotting: runs in the sandbox, the standard library only
 
@@ -46,7 +46,7 @@ GATEWAY_MODULES_NAMING_THE_EVALUATOR = frozenset(
 #: user's code has imported it).
 SANDBOX_MAY_IMPORT = frozenset({"matplotlib"})
 #: What the evaluator takes of plotting: it keeps the prelude resident for the gateway's runs.
-EVALUATOR_TAKES_OF_PLOTTING = frozenset({"RESIDENT_DIR", "write_resident"})
+EVALUATOR_TAKES_OF_PLOTTING = frozenset({"RESIDENT_DIR", "prelude_digest", "write_resident"})
 #: plotting's own ``__init__`` runs in the gateway (it builds the request): the wire format too.
 PLOTTING_HOST_MAY_IMPORT = frozenset({"snekbox_client"})
 

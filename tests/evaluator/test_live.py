@@ -424,6 +424,9 @@ async def test_a_later_cell_without_the_prelude_runs_as_a_full_one(evaluator: Ev
     assert sum(len(f.content) for f in later.files) < 2048
     assert (await run("x = 2", later_cell=False)).returncode == 0
     assert (await run("x + 1")).stdout == "3\n"
+    # The prelude the first cell kept, not the one the evaluator keeps resident.
+    assert (await run("import sys\nkept = sys._mcp_prelude")).returncode == 0
+    assert (await run("print(sys._mcp_prelude is kept)")).stdout == "True\n"
     guarded = await run("import sys\nsys.stdout.write('a\\udcff\\n')")
     assert guarded.stdout.startswith("a\ufffd\n"), guarded
     failed = await run("y = 1\n1 / 0")
@@ -465,6 +468,7 @@ async def test_a_run_without_the_prelude_runs_the_one_the_evaluator_keeps(
     )
     request = plotting.build_request(code, resident=True)
     assert not plotting.carries_prelude(request)
+    assert evaluator.info().resident_prelude == plotting.prelude_digest()  # as GET /info says
     with anyio.fail_after(120):
         result = await evaluator.run(request)
     assert result.returncode == 0, result

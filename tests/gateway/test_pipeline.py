@@ -18,6 +18,7 @@ from mcp import Client
 from mcp.types import CallToolResult, ImageContent
 
 import plotting
+from gateway import resident as gateway_resident
 from gateway.app import create_server
 from gateway.tool import Gateway
 from python_mcp_server import Settings
@@ -285,10 +286,43 @@ async def test_code_that_answers_as_a_missing_prelude_leaves_the_resident_one_in
 
 async def test_a_run_with_another_python_than_the_default_carries_the_prelude() -> None:
     pythons = (Python("3.12.1", "/usr/bin/python3"), Python("3.13.0", "/opt/python3.13"))
-    service = FakeService(info=replace(LIVE, pythons=pythons))
+    said = plotting.prelude_digest()
+    service = FakeService(info=replace(LIVE, pythons=pythons, resident_prelude=said))
     async with gateway(service) as (_, client):
         facts(await call(client, python="3.13"))
         facts(await call(client))
     assert [r.executable_path for r in service.requests] == ["/opt/python3.13", None]
     # The service keeps it compiled for its default interpreter only.
     assert [plotting.carries_prelude(r) for r in service.requests] == [True, False]
+
+
+async def test_the_built_in_evaluator_is_sent_runs_without_the_prelude_it_says_it_keeps() -> None:
+    # A cell read later could not be sent again: only the evaluator's word counts there.
+    cells = replace(LIVE, long_time_limit=3600.0)
+    for said, carried in ((plotting.prelude_digest(), False), (None, True), ("0" * 32, True)):
+        service = FakeService(info=replace(cells, resident_prelude=said))
+        async with gateway(service) as (_, client):
+            facts(await call(client, wait_seconds=0))
+        assert [plotting.carries_prelude(r) for r in service.requests] == [carried], said
+
+
+async def test_a_check_that_fails_leaves_the_resident_prelude_in_use() -> None:
+    service = FakeService(MISSING, EvaluatorUnavailable("http://fake", "refused"), ok("1\n"))
+    async with gateway(service) as (_, client):
+        assert facts(await call(client))["stdout"] == "1\n"
+        facts(await call(client))
+    sent = [plotting.carries_prelude(request) for request in service.requests]
+    assert sent == [False, False, True, False]
+
+
+async def test_a_snekbox_found_without_it_is_tried_again_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = FakeService(MISSING, MISSING)
+    async with gateway(service) as (_, client):
+        facts(await call(client))
+        facts(await call(client))
+        monkeypatch.setattr(gateway_resident, "RETRY_SECONDS", 0.0)
+        facts(await call(client))
+    sent = [plotting.carries_prelude(request) for request in service.requests]
+    assert sent == [False, False, True, True, False]

@@ -52,6 +52,7 @@ def test_exported_members() -> None:
         "carries_prelude",
         "figure_number",
         "is_figure",
+        "prelude_digest",
         "prelude_files",
         "prelude_missing",
         "read_manifest",
