@@ -48,15 +48,15 @@ def docker(*args: str, stdin: str | None = None) -> str:
     return done.stdout + done.stderr
 
 
-def replica_containers() -> list[str]:
-    """The names of the evaluation service's running containers."""
+def replica_containers(service: str = SERVICE) -> list[str]:
+    """The names of the running containers of ``service`` (the evaluation service's)."""
     assert PROJECT, "COMPOSE_TEST_PROJECT is unset"
     names = docker(
         "ps",
         "--filter",
         f"label=com.docker.compose.project={PROJECT}",
         "--filter",
-        f"label=com.docker.compose.service={SERVICE}",
+        f"label=com.docker.compose.service={service}",
         "--format",
         "{{.Names}}",
     )

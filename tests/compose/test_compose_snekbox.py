@@ -80,6 +80,17 @@ def test_the_image_keeps_the_gateways_prelude_resident() -> None:
     assert missing["returncode"] == 121 and "nor resident" in missing["stdout"], missing
 
 
+@pytest.mark.anyio
+async def test_the_gateway_finds_the_prelude_resident_in_the_image() -> None:
+    """The gateway's runs go without the prelude: the image keeps its very digest (built from
+    the same checkout), so no run finds it missing and the gateway never says so."""
+    for _ in range(3):  # one on each replica, most likely
+        result = await call("http", "print(6 * 7)")
+        assert result.structured_content["stdout"] == "42\n", text_of(result)
+    [gateway] = replica_containers("gateway")
+    assert "keeps no resident prelude" not in docker("logs", gateway)
+
+
 def test_output_is_read_after_nsjail_has_exited() -> None:
     [replica, *_] = replica_containers()
     done = docker(
