@@ -30,6 +30,7 @@ import pytest
 from mcp.types import ImageContent
 from PIL import Image
 
+import plotting
 from evaluator import Evaluator
 from evaluator.config import MiB
 from python_mcp_server import Settings, create_app
@@ -211,8 +212,9 @@ async def test_no_network(evaluator: Evaluator) -> None:
 
 
 async def test_no_host_files(evaluator: Evaluator) -> None:
-    """Nothing of the host but the interpreter, its environment and the system libraries."""
-    binds = [Path(sys.prefix), Path(sys.base_prefix)]
+    """Nothing of the host but the interpreter, its environment and the system libraries (and
+    the prelude the evaluator keeps resident)."""
+    binds = [Path(sys.prefix), Path(sys.base_prefix), Path(plotting.RESIDENT_DIR)]
     # The directories on the way to a bind hold only the next step towards it.
     on_the_way: dict[str, set[str]] = {}
     for bind in binds:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import plotting
 from evaluator import Evaluator, create_app
 from tests.support import memory_is_a_cgroup, sandbox_home
 
@@ -219,7 +220,8 @@ PROJECT = Path(__file__).resolve().parents[2]
 
 async def test_host_files_are_invisible(client: httpx.AsyncClient) -> None:
     """Only the paths leading to the read-only binds exist; nothing else of the host shows."""
-    binds = [Path(sys.prefix), Path(sys.base_prefix)]
+    # The interpreter, and the prelude the evaluator keeps resident.
+    binds = [Path(sys.prefix), Path(sys.base_prefix), Path(plotting.RESIDENT_DIR)]
     # Every ancestor of a bind must list exactly the next component(s) towards the binds.
     expected: dict[str, set[str]] = {}
     for bind in binds:
