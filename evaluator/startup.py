@@ -154,9 +154,9 @@ def place_resident_prelude(
 ) -> str | None:
     """The directory keeping the gateway's prelude resident (``plotting.write_resident``),
     which every sandbox binds where the prelude's first file looks for it
-    (``plotting.RESIDENT_DIR``), so that a run carries only its code. Compiled here, so
-    ``None`` unless the ``default`` interpreter is this process's version, or unsandboxed (no
-    bind): the gateway then sends the prelude with each run."""
+    (``plotting.RESIDENT_DIR``), so that a run carries only its code. ``None`` (the gateway
+    then sends the prelude with each run) when unsandboxed, where nothing is bound, or when the
+    ``default`` interpreter is not this process's version, which compiles it."""
     if default.version != platform.python_version() or config.unsandboxed:
         return None
     directory = root.path / "mcp-prelude"

@@ -167,7 +167,7 @@ class Connection:
         whole should it keep none."""
         if self.limits_time:  # the built-in evaluator, which says it
             said = self.info.resident_prelude == plotting.prelude_digest()
-            return said and self.resident.usable(resent=True)
+            return said and self.resident.usable(resent=resent, said=True)
         return self.resident.usable(resent=resent)
 
     @property

@@ -225,7 +225,8 @@ class Evaluations:
 
     async def _eval(self, run: Run, request: EvalRequest) -> EvalResult:
         """``POST /eval`` of ``request``; sent without the prelude (for the service's resident
-        one, or a later cell's) to a sandbox that has none, it is sent again with it."""
+        one, or a later cell's) to a sandbox that has none, it is sent again with it (a cell
+        answered ``running`` goes without it only where the service said it keeps it)."""
         replica, extra_time = run.session.replica, self._install_time(run.choices)
         result = await self.connection.service.eval(request, replica=replica, extra_time=extra_time)
         if result.running or plotting.carries_prelude(request):

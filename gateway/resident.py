@@ -1,10 +1,11 @@
 """Whether the service keeps the gateway's prelude resident, as its runs found.
 
 A run to a service that keeps it carries the call's code alone (``plotting.prelude_files``).
-The built-in evaluator says which it keeps (``GET /info``); Snekbox says nothing, and whether
-it keeps one is learnt from runs. Until a run finds it there, a run the gateway could not send
-again (a cell answered ``running`` and read later) carries the prelude. Found missing, it is
-tried again after :data:`RETRY_SECONDS`: the service may have been upgraded behind its URL.
+A run the gateway could not send again whole (a cell answered ``running`` and read later: the
+built-in evaluator's) goes so only on the service's word (``GET /info``), and never again once a
+run found it missing. Snekbox says nothing and reads no cell later: whether it keeps one is
+learnt from runs. Found missing, it is tried again after :data:`RETRY_SECONDS` (the service may
+have been upgraded behind its URL), for runs that can be sent again.
 """
 
 from __future__ import annotations
@@ -25,19 +26,23 @@ class ResidentPrelude:
 
     def __init__(self) -> None:
         self._found = False
+        self._ever_missing = False
         self._missing_at: float | None = None
 
-    def usable(self, *, resent: bool) -> bool:
+    def usable(self, *, resent: bool, said: bool = False) -> bool:
         """Whether a run goes without the prelude: one that can be ``resent`` whole if the
-        service turns out to keep none, or any run once one found it there."""
+        service turns out to keep none; any run once one found it there, or on the service's
+        word (``said``) until one found it missing."""
         if self._missing_at is not None:
             if time.monotonic() - self._missing_at < RETRY_SECONDS:
                 return False
             self._missing_at = None
+        if said:
+            return resent or not self._ever_missing
         return self._found or resent
 
     def found(self) -> None:
-        """A run without the prelude ran the service's."""
+        """A run sent without the prelude did not find it missing."""
         self._found = True
 
     def missing(self) -> None:
@@ -51,4 +56,5 @@ class ResidentPrelude:
                 RETRY_SECONDS,
             )
         self._found = False
+        self._ever_missing = True
         self._missing_at = time.monotonic()

@@ -6,8 +6,9 @@ gateway's interpreter (a resident one: by the service's): the prelude is loaded 
 module only when a run needs it. An interpreter with another bytecode format (magic number) compiles
 their sources instead. A bundle without the prelude runs the one an earlier cell of its session kept
 (``sys._mcp_prelude``) if it is the bundle's (its digest), else the one resident in the service
-(``plotting._bundle.RESIDENT_DIR``) for this digest and magic number; else the run ends, and the
-gateway sends it. The prelude removes both files before the user's code runs.
+(``plotting._bundle.RESIDENT_DIR``) for this digest and magic number; else the run ends before the
+code, and the gateway sends it again whole (when the answer comes back with the run's end). The
+prelude removes both files before the user's code runs.
 """
 
 import marshal

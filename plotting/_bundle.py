@@ -16,8 +16,9 @@ import zlib
 from pathlib import Path
 from types import CodeType
 
-#: Where a service keeps resident preludes, read-only in every sandbox (the real Snekbox's
-#: user base, which its NsJail configuration binds): ``_boot.py`` looks there.
+#: Where a service keeps resident preludes, read-only in every sandbox: ``_boot.py`` looks there.
+#: In the real Snekbox's user base, which its NsJail configuration binds; the built-in evaluator
+#: binds its own directory there.
 RESIDENT_DIR = "/snekbox/user_base/share/mcp-prelude"
 
 #: The support module's parts, each after those it imports, and the module itself last (named

@@ -105,8 +105,8 @@ class ServiceInfo:
                 raise InvalidResponse(f"'{name}' is not a positive number")
         packages, allowed, why, install_timeout = _packages_from_info(data.get("packages"))
         resident = data.get("resident_prelude")
-        if resident is not None and not (isinstance(resident, str) and _DIGEST.fullmatch(resident)):
-            raise InvalidResponse("'resident_prelude' is not a digest of 32 hex digits")
+        if not (isinstance(resident, str) and _DIGEST.fullmatch(resident)):
+            resident = None  # optional: another form (a later version's) is none this one knows
         return cls(
             max_sessions,
             None if idle is None else float(idle),

@@ -326,3 +326,16 @@ async def test_a_snekbox_found_without_it_is_tried_again_later(
         facts(await call(client))
     sent = [plotting.carries_prelude(request) for request in service.requests]
     assert sent == [False, False, True, True, False]
+
+
+async def test_a_built_in_evaluator_found_without_what_it_said_gets_the_prelude_from_then_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cells = replace(LIVE, long_time_limit=3600.0, resident_prelude=plotting.prelude_digest())
+    service = FakeService(MISSING, MISSING, ok("1\n"), info=cells)
+    async with gateway(service) as (_, client):
+        assert facts(await call(client))["stdout"] == "1\n"
+        monkeypatch.setattr(gateway_resident, "RETRY_SECONDS", 0.0)
+        facts(await call(client))  # a cell read later: never again on its word alone
+    sent = [plotting.carries_prelude(request) for request in service.requests]
+    assert sent == [False, False, True, True]

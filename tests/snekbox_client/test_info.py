@@ -36,6 +36,9 @@ def test_the_interpreters_and_the_package_policy_are_read_and_round_trip() -> No
     assert ServiceInfo.from_json(off.to_json()) == off
     resident = ServiceInfo(1, resident_prelude="0123456789abcdef" * 2)
     assert ServiceInfo.from_json(resident.to_json()) == resident
+    for other in ("../" * 11, 1, "0" * 64):  # not a digest this version knows: none kept
+        body = {**resident.to_json(), "resident_prelude": other}
+        assert ServiceInfo.from_json(body) == ServiceInfo(1)
 
 
 @pytest.mark.parametrize(
@@ -66,8 +69,6 @@ def test_the_interpreters_and_the_package_policy_are_read_and_round_trip() -> No
         {"sessions": {"max": 1}, "packages": {"policy": "off", "why": "x" * 501}},
         {"sessions": {"max": 1}, "packages": {"policy": "any", "timeout": -1}},
         {"sessions": {"max": 1}, "packages": []},
-        {"sessions": {"max": 1}, "resident_prelude": "../" * 11},
-        {"sessions": {"max": 1}, "resident_prelude": 1},
     ],
 )
 def test_a_malformed_answer_is_refused(body: Any) -> None:
