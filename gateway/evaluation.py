@@ -229,11 +229,8 @@ class Evaluations:
         answered ``running`` goes without it only where the service said it keeps it)."""
         replica, extra_time = run.session.replica, self._install_time(run.choices)
         result = await self.connection.service.eval(request, replica=replica, extra_time=extra_time)
-        if result.running or plotting.carries_prelude(request):
-            return result
-        if not plotting.prelude_missing(result):
-            if not self._later_cell(run.session):
-                self.connection.resident.found()
+        missing = not result.running and plotting.prelude_missing(result)
+        if not missing or plotting.carries_prelude(request):
             return result
         # The code did not run: the interpreter has no prelude of this gateway's (the code
         # removed it, another gateway's runs there), nor the service (see _check_resident).

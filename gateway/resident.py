@@ -25,25 +25,20 @@ class ResidentPrelude:
     """What runs found of the service's resident prelude (see the module's docstring)."""
 
     def __init__(self) -> None:
-        self._found = False
         self._ever_missing = False
         self._missing_at: float | None = None
 
     def usable(self, *, resent: bool, said: bool = False) -> bool:
         """Whether a run goes without the prelude: one that can be ``resent`` whole if the
-        service turns out to keep none; any run once one found it there, or on the service's
-        word (``said``) until one found it missing."""
+        service turns out to keep none; any run on the service's word (``said``) until one
+        found it missing."""
         if self._missing_at is not None:
             if time.monotonic() - self._missing_at < RETRY_SECONDS:
                 return False
             self._missing_at = None
         if said:
             return resent or not self._ever_missing
-        return self._found or resent
-
-    def found(self) -> None:
-        """A run sent without the prelude did not find it missing."""
-        self._found = True
+        return resent
 
     def missing(self) -> None:
         """A run of no code without the prelude found none: runs carry it for a while."""
@@ -55,6 +50,5 @@ class ResidentPrelude:
                 "%.0f s",
                 RETRY_SECONDS,
             )
-        self._found = False
         self._ever_missing = True
         self._missing_at = time.monotonic()
