@@ -79,7 +79,7 @@ async def test_a_time_limit_shorter_than_the_services_is_applied(
     client: httpx.AsyncClient,
 ) -> None:
     """The code reports how long it has run, by its own clock: killed at 0.5 s, it never
-    reports more, where the service's own limit (2 s) would let it reach 2 s. Nothing here
+    reports more, where the service's own limit (30 s) would let it go on. Nothing here
     depends on how fast a loaded host starts the sandbox (it may be killed before a line)."""
     spin = (
         "import time\nstart = time.monotonic()\nwhile True:\n"
@@ -235,7 +235,7 @@ async def test_unexpected_failure_is_500(evaluator: Evaluator) -> None:
 
 
 async def test_full_queue_is_503() -> None:
-    async with Evaluator(config(concurrency=1, max_queue=1, time_limit=5)) as busy:
+    async with Evaluator(config(concurrency=1, max_queue=1)) as busy:
         app = create_app(busy)
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app), base_url="http://x", timeout=30
@@ -243,7 +243,7 @@ async def test_full_queue_is_503() -> None:
             sleeper = {"input": "import time; time.sleep(1)"}
             first = asyncio.ensure_future(http.post("/eval", json=sleeper))
             second = asyncio.ensure_future(http.post("/eval", json=sleeper))
-            with anyio.fail_after(5):
+            with anyio.fail_after(60):
                 while busy._slots.waiting < 1:  # noqa: ASYNC110 - the queue's own state is tested
                     await asyncio.sleep(0.01)
             refused = await http.post("/eval", json={"input": ""})
@@ -254,5 +254,5 @@ async def test_full_queue_is_503() -> None:
                 in (refused.json()["description"])
             )
             assert refused.headers["Retry-After"] == "1"
-            with anyio.fail_after(10):
+            with anyio.fail_after(120):  # a hang guard, not a timing
                 assert [r.status_code for r in await asyncio.gather(first, second)] == [200, 200]

@@ -106,12 +106,14 @@ def nobody_evaluator(
 
 @pytest.fixture(scope="module")
 def service(venv: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    with nobody_evaluator(venv, 2) as started:
+    """Nobody's evaluator, with a time limit no run a test means to finish comes near (a pool
+    of processes importing numpy took more than 2 s on a loaded host)."""
+    with nobody_evaluator(venv, 30) as started:
         yield started
 
 
-def run(url: str, code: str) -> dict[str, object]:
-    answer = httpx.post(f"{url}/eval", json={"input": code}, timeout=30)
+def run(url: str, code: str, **body: object) -> dict[str, object]:
+    answer = httpx.post(f"{url}/eval", json={"input": code, **body}, timeout=90)
     assert answer.status_code == 200, answer.text
     return answer.json()  # type: ignore[no-any-return]
 
@@ -168,7 +170,7 @@ def test_limits_fall_back_to_rlimits_and_say_so(service: tuple[str, object]) -> 
     # One RLIMIT_NPROC for all runs of the uid (a few hundred here): the children stay zombies.
     forks = run(url, "import os\nfor _ in range(5000):\n    os.fork() or os._exit(0)\nprint('?')")
     assert forks["returncode"] == 1 and "BlockingIOError" in str(forks["stdout"])
-    spin = run(url, "while True: pass")
+    spin = run(url, "while True: pass", time_limit=2)
     assert (spin["returncode"], spin["ended_by"]) == (137, "time_limit")
     # Without a memory cgroup, a SIGKILL the jail did not send may be the kernel's OOM killer
     # or the code's own: the answer does not say.
@@ -181,13 +183,11 @@ def test_a_live_session_for_an_ordinary_user(service: tuple[str, object]) -> Non
     nothing there), and ending the session ends its interpreter."""
     url, _ = service
 
-    def cell(code: str) -> dict[str, object]:
-        answer = httpx.post(f"{url}/eval", json={"input": code, "session": "nobody"}, timeout=60)
-        assert answer.status_code == 200, answer.text
-        return answer.json()  # type: ignore[no-any-return]
+    def cell(code: str, **body: object) -> dict[str, object]:
+        return run(url, code, session="nobody", **body)
 
     assert cell("import os\nkept = os.getuid()")["session_ended"] is False
-    spin = cell("while True: pass")
+    spin = cell("while True: pass", time_limit=2)
     assert (spin["returncode"], spin["ended_by"], spin["session_ended"]) == (
         130,
         "time_limit",
@@ -254,11 +254,10 @@ def test_shared_isolation_checks_hold_for_an_ordinary_user(
 
 
 def test_a_dropped_binary_runs_neither_from_dev_shm_nor_from_a_memfd(
-    roomy_service: tuple[str, object],
+    service: tuple[str, object],
 ) -> None:
-    """As for root (test_isolation.py): here the launcher mounts the noexec /dev/shm. The
-    roomy service: a pool of processes with numpy takes more than 2 s on a loaded host."""
-    url, _ = roomy_service
+    """As for root (test_isolation.py): here the launcher mounts the noexec /dev/shm."""
+    url, _ = service
     dropped = run(url, dropped_binaries.DROP_AND_EXECUTE)
     assert dropped["returncode"] == 0, dropped["stdout"]
     dropped_binaries.check_not_executed(str(dropped["stdout"]))
@@ -310,18 +309,11 @@ def test_a_run_sharing_the_users_uid_gets_no_inotify_instance(
     assert str(result["stdout"]).split() == ["0", "24"]  # none taken: EMFILE at once
 
 
-@pytest.fixture(scope="module")
-def roomy_service(venv: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """A time limit for deep trees: the working directory is on this machine's disk."""
-    with nobody_evaluator(venv, 30) as started:
-        yield started
-
-
 @pytest.mark.parametrize("name", LOCKOUTS)
 def test_a_run_that_locks_out_its_files_is_answered_and_removed(
-    roomy_service: tuple[str, subprocess.Popen[str]], name: str
+    service: tuple[str, subprocess.Popen[str]], name: str
 ) -> None:
-    url, process = roomy_service
+    url, process = service
     marker = f".marker-{uuid.uuid4().hex}"
     result = run(url, code(name, marker))
     assert result["returncode"] == 0, result["stdout"]
@@ -401,7 +393,7 @@ def test_a_start_is_not_stopped_by_what_a_dead_evaluator_left(venv: Path) -> Non
         for path in sorted(locked.rglob("*"), key=lambda p: len(p.parts), reverse=True):
             path.chmod(0)
         locked.chmod(0o300)
-        with nobody_evaluator(venv, 2, str(base)) as (url, process):
+        with nobody_evaluator(venv, 30, str(base)) as (url, process):
             assert run(url, "print(1)")["stdout"] == "1\n"
             process.terminate()
             log = process.communicate(timeout=30)[0]
