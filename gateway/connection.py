@@ -136,6 +136,8 @@ class Connection:
         Raises:
             SandboxUnavailable: a local evaluator cannot isolate code here.
         """
+        # The prelude is compiled now (tens of milliseconds), not by the first call.
+        plotting.prelude_digest()
         if self.local is not None:
             await self.local.start()
         self.backend = Backend(self.service, interval=self.settings.probe_interval)

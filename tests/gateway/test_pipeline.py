@@ -76,6 +76,12 @@ async def test_a_call_runs_its_code_and_gets_its_output_and_a_session() -> None:
     assert service.closed
 
 
+async def test_the_prelude_is_compiled_at_start_not_by_the_first_call() -> None:
+    plotting._parts.cache_clear()  # as in a new process
+    async with gateway(FakeService()):
+        assert plotting._parts.cache_info().currsize == 1
+
+
 async def test_a_users_exception_is_a_result_not_a_tool_error() -> None:
     traceback = "Traceback (most recent call last):\nValueError: no\n"
     async with gateway(FakeService(ok(traceback, returncode=1))) as (_, client):
