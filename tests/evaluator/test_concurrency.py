@@ -74,7 +74,7 @@ async def test_orphan_reaping_leaves_an_exited_run_to_its_owner(tmp_path: Path) 
         exited = asyncio.Event()
         loop.add_reader(process._pidfd, exited.set)  # readable once the process has exited
         try:
-            with anyio.fail_after(10):
+            with anyio.fail_after(60):
                 await exited.wait()
         finally:
             loop.remove_reader(process._pidfd)
@@ -94,7 +94,7 @@ async def test_an_orphan_that_dies_late_is_reaped_not_left_a_zombie(tmp_path: Pa
     """
     async with Evaluator(config()):  # which makes this process a child subreaper
         orphan = await _orphan(tmp_path, lives=1)
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             assert await await_orphans("bwrap", 5) == frozenset()
         assert not alive(orphan)  # not even a zombie
 
@@ -109,7 +109,7 @@ async def test_an_orphan_that_does_not_die_is_waited_for_once(tmp_path: Path) ->
                 assert await await_orphans("bwrap", 60, besides=frozenset({orphan})) == {orphan}
         finally:
             os.kill(orphan, signal.SIGKILL)
-        with anyio.fail_after(10):  # once it dies, it is reaped all the same
+        with anyio.fail_after(60):  # once it dies, it is reaped all the same
             assert await await_orphans("bwrap", 5) == frozenset()
         assert not alive(orphan)
 
@@ -147,7 +147,7 @@ async def test_a_launcher_mounts_its_working_directory_or_says_why(tmp_path: Pat
     workdir.mkdir()
     process = JailedProcess.spawn(LaunchSpec(workdir=(str(workdir), 1 << 20, 64)), cgroup=None)
     try:
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             assert await process.mounted()
         root = Path(f"/proc/{process.pid}/root{workdir}")
         assert os.stat(root).st_dev != os.stat(workdir).st_dev, "not a mount of its own"
@@ -158,7 +158,7 @@ async def test_a_launcher_mounts_its_working_directory_or_says_why(tmp_path: Pat
         LaunchSpec(workdir=(str(tmp_path / "gone"), 1 << 20, 64)), cgroup=None
     )
     try:
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             assert not await missing.mounted()
         missing.release(["/bin/true"], 5)
         outcome = await missing.wait(1000)

@@ -89,7 +89,7 @@ async def test_a_run_that_locks_out_its_files_is_answered_and_removed(
     assert returned == LOCKOUTS[name][1]
     assert (await run(client, "print(1)"))["stdout"] == "1\n"
     assert evaluator._root is not None
-    with anyio.fail_after(10):  # removed in the background, after the answer
+    with anyio.fail_after(60):  # removed in the background, after the answer
         while True:
             if not directories_marked(evaluator._root.path, marker):
                 break

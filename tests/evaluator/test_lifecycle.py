@@ -233,7 +233,7 @@ async def test_closing_does_not_spin_on_a_disposal_whose_callbacks_have_not_run(
     async def finished_at_once() -> None:
         return None
 
-    with anyio.fail_after(20):  # the disposals the start began, over and out of the set
+    with anyio.fail_after(60):  # the disposals the start began, over and out of the set
         while pool._tasks:
             await asyncio.gather(*pool._tasks)
             await asyncio.sleep(0)
@@ -242,7 +242,7 @@ async def test_closing_does_not_spin_on_a_disposal_whose_callbacks_have_not_run(
     # the pool's set) is only scheduled then, for the turn after the one this resumes in.
     await asyncio.sleep(0)
     assert len(pool._tasks) == 1 and all(task.done() for task in pool._tasks)
-    with anyio.fail_after(20):
+    with anyio.fail_after(60):
         await evaluator.aclose()
     assert not pool._tasks
 
@@ -261,7 +261,7 @@ async def test_waiting_for_the_pool_does_not_spin_on_a_fill_whose_callback_has_n
         ended.add_done_callback(pool._filled)  # type: ignore[arg-type] # as refill does
         pool._filling = ended  # type: ignore[assignment]
         ended.set_result(None)  # its callback scheduled, not run
-        with anyio.fail_after(20):
+        with anyio.fail_after(60):
             await pool.settled()
         assert pool._filling is None
 

@@ -27,7 +27,7 @@ def running(stdout: str) -> EvalResult:
 
 
 async def tool(client: Any, name: str, **arguments: Any) -> CallToolResult:
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         result: CallToolResult = await client.call_tool(name, arguments)
         return result
 
@@ -86,7 +86,7 @@ async def test_progress_messages_carry_the_newest_output_bounded() -> None:
         messages.append(message or "")
 
     async with gateway(service, progress_interval=0.05) as (_, client):
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             result = await client.call_tool(
                 "execute_python_code", {"code": "work()"}, progress_callback=on_progress
             )

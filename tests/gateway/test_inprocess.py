@@ -63,7 +63,7 @@ async def test_a_full_queue_is_a_503(service: Evaluator) -> None:
     sleeper = EvalRequest(args=("-c", "import time; time.sleep(2)"))
     running = [asyncio.ensure_future(client.eval(sleeper)) for _ in range(2)]
     try:
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             while service._slots.waiting < 1:  # noqa: ASYNC110 - the queue's own state is tested
                 await asyncio.sleep(0.01)
         with pytest.raises(EvaluatorRejected) as refused:

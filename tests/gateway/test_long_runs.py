@@ -103,7 +103,7 @@ async def test_a_run_past_its_wait_is_read_to_its_end_with_its_figure_and_files(
         assert first["status"] == "running" and first["returncode"] is None
         session_id = first["session_id"]
         # Another call on the session is answered at once, and runs nothing.
-        with anyio.fail_after(20):
+        with anyio.fail_after(60):
             busy = await alice.call_tool(
                 "execute_python_code", {"code": "print('no')", "session_id": session_id}
             )

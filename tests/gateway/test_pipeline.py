@@ -34,13 +34,13 @@ pytestmark = pytest.mark.anyio
 async def gateway(service: FakeService, **changes: Any) -> AsyncIterator[tuple[Gateway, Client]]:
     """A gateway on ``service`` (its settings changed as given), and a client of it."""
     settings = with_time_limit(Settings(), 5.0).model_copy(update=changes)
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         async with Gateway(settings, service) as started, Client(create_server(started)) as c:
             yield started, c
 
 
 async def call(client: Client, code: str = "print(1)", **arguments: Any) -> CallToolResult:
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         return await client.call_tool("execute_python_code", {"code": code, **arguments})
 
 
@@ -152,7 +152,7 @@ async def test_an_ended_session_is_refused_by_name_and_its_interpreter_ended() -
     service = FakeService(ok(session_ended=False), info=LIVE)
     async with gateway(service) as (_, client):
         session = facts(await call(client))["session_id"]
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             ended = await client.call_tool("end_session", {"session_id": session})
         refused = await call(client, session_id=session)
     assert not ended.is_error
