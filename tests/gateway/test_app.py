@@ -146,7 +146,8 @@ def start_gateway(port: int, **env: str) -> subprocess.Popen[bytes]:
 async def test_sigterm_drains_calls_in_flight_and_turns_new_ones_away() -> None:
     port = closed_port()
     url = f"http://127.0.0.1:{port}"
-    process = start_gateway(port)
+    # A grace no loaded host comes near: the exit once the calls are done is told from it.
+    process = start_gateway(port, MCP_SHUTDOWN_GRACE="300")
     results: dict[str, Any] = {}
     slow = {"code": "import time\ntime.sleep(2)\nprint('finished')"}
     try:
@@ -168,8 +169,8 @@ async def test_sigterm_drains_calls_in_flight_and_turns_new_ones_away() -> None:
                     async with httpx.AsyncClient() as plain:
                         ready = await plain.get(f"{url}/readyz")
         started = time.monotonic()
-        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
-        assert time.monotonic() - started < 10
+        assert process.wait(timeout=200) in (0, -signal.SIGTERM)
+        assert time.monotonic() - started < 150  # drained, not the whole grace
     finally:
         process.kill()
     for name in ("sse", "http"):
@@ -185,7 +186,8 @@ async def test_sigterm_drains_calls_in_flight_and_turns_new_ones_away() -> None:
 @pytest.mark.anyio
 async def test_sigterm_stops_after_the_grace_period() -> None:
     port = closed_port()
-    process = start_gateway(port, MCP_SHUTDOWN_GRACE="1")
+    # The endless call would run for 120 s: only the grace ends it sooner.
+    process = start_gateway(port, MCP_SHUTDOWN_GRACE="1", EVALUATOR_TIME_LIMIT="120")
     try:
         with anyio.fail_after(60):
             async with (
@@ -199,7 +201,7 @@ async def test_sigterm_stops_after_the_grace_period() -> None:
                 process.send_signal(signal.SIGTERM)
                 await anyio.to_thread.run_sync(process.wait, 30)
                 calls.cancel_scope.cancel()
-        assert time.monotonic() - sent < 8, "the grace period (1 s) bounds the drain"
+        assert time.monotonic() - sent < 25, "the grace period (1 s) bounds the drain"
     finally:
         process.kill()
 
