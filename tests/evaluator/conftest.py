@@ -1,4 +1,4 @@
-"""The evaluator under test: real sandboxes with short limits, reached through the ASGI app."""
+"""The evaluator under test: real sandboxes, reached through the ASGI app."""
 
 from __future__ import annotations
 

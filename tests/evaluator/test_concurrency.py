@@ -22,7 +22,7 @@ from .conftest import config
 async def test_many_concurrent_requests_all_succeed() -> None:
     """24 requests at concurrency 2: each answers 200 with its own output (was: 500 ECHILD).
     A time limit no loaded host reaches: what is tested is who gets which exit status (a CI
-    run at load killed the first runs at the usual 2 s)."""
+    run at load killed the first runs at 2 s)."""
     async with Evaluator(config(concurrency=2, max_queue=32, time_limit=60)) as evaluator:
         transport = httpx.ASGITransport(create_app(evaluator))
         async with httpx.AsyncClient(

@@ -62,8 +62,8 @@ async def test_a_dropped_binary_runs_neither_from_dev_shm_nor_from_a_memfd(
 
 
 async def test_dev_shm_and_native_callbacks_still_work(roomy: Evaluator) -> None:
-    """A pool of processes, numpy in shared memory, a ctypes callback: more than the usual
-    2 s on a loaded host (one CI run was killed at it), so the roomy evaluator's 30 s."""
+    """A pool of processes, numpy in shared memory, a ctypes callback: more than 2 s on a
+    loaded host (one CI run was killed at it)."""
     result = await roomy.run(EvalRequest(input=dropped_binaries.SHM_STILL_WORKS))
     assert result.returncode == 0, result.stdout
     dropped_binaries.check_shm_still_works(result.stdout)

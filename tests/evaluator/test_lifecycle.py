@@ -169,7 +169,7 @@ async def test_a_start_up_check_killed_once_at_its_time_limit_is_tried_again(
     async with Evaluator(config()) as started:
         result = await started.run(EvalRequest(args=("-c", "print(2 + 2)")))
     assert result.stdout == "4\n"
-    # Room of its own, whatever the runs' limit (the suite's is 2 s).
+    # Room of its own, whatever the runs' limit.
     assert limits == [startup.PROBE_TIME_LIMIT] * 2
     assert startup.PROBE_TIME_LIMIT >= 60
 

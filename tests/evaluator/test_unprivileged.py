@@ -170,8 +170,10 @@ def test_limits_fall_back_to_rlimits_and_say_so(service: tuple[str, object]) -> 
     # One RLIMIT_NPROC for all runs of the uid (a few hundred here): the children stay zombies.
     forks = run(url, "import os\nfor _ in range(5000):\n    os.fork() or os._exit(0)\nprint('?')")
     assert forks["returncode"] == 1 and "BlockingIOError" in str(forks["stdout"])
+    started = time.monotonic()
     spin = run(url, "while True: pass", time_limit=2)
     assert (spin["returncode"], spin["ended_by"]) == (137, "time_limit")
+    assert time.monotonic() - started < 20  # at its own limit, not the service's 30 s
     # Without a memory cgroup, a SIGKILL the jail did not send may be the kernel's OOM killer
     # or the code's own: the answer does not say.
     killed = run(url, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
@@ -187,7 +189,9 @@ def test_a_live_session_for_an_ordinary_user(service: tuple[str, object]) -> Non
         return run(url, code, session="nobody", **body)
 
     assert cell("import os\nkept = os.getuid()")["session_ended"] is False
+    started = time.monotonic()
     spin = cell("while True: pass", time_limit=2)
+    assert time.monotonic() - started < 20  # at its own limit, not the service's 30 s
     assert (spin["returncode"], spin["ended_by"], spin["session_ended"]) == (
         130,
         "time_limit",

@@ -196,7 +196,9 @@ async def test_sigterm_stops_after_the_grace_period() -> None:
             ):
                 endless = {"code": "while True: pass"}
                 calls.start_soon(_ignore_errors, client.call_tool("execute_python_code", endless))
-                await anyio.sleep(0.7)
+                await _until_evaluations(
+                    f"http://127.0.0.1:{port}", 1
+                )  # in flight, not turned away
                 sent = time.monotonic()
                 process.send_signal(signal.SIGTERM)
                 await anyio.to_thread.run_sync(process.wait, 30)

@@ -189,9 +189,10 @@ async def test_a_session_that_is_gone_is_said_never_replaced(
 
 @pytest.fixture(scope="module", params=["in-process", "over-http"])
 def small_gateway(request: pytest.FixtureRequest, settings: Settings) -> Any:
-    """At most two sessions of 64 KiB, a short time limit. Idle sessions last 10 minutes: a
-    session start on a loaded machine can take seconds, and eviction must not race expiry."""
-    small = with_time_limit(settings, 5.0).model_copy(
+    """At most two sessions of 64 KiB. Idle sessions last 10 minutes: a session start on a
+    loaded machine can take seconds, and eviction must not race expiry. Its time limit no
+    call meant to finish comes near; those meant to be stopped ask for less."""
+    small = with_time_limit(settings, 30.0).model_copy(
         update={
             "max_code_sessions": 2,
             "code_session_idle_timeout": 600,
@@ -270,7 +271,7 @@ async def test_a_session_whose_call_runs_is_never_evicted(
         results: dict[str, Any] = {}
 
         async def call(name: str, session_id: str) -> None:
-            results[name] = await call_code(client, slow, session_id=session_id)
+            results[name] = await call_code(client, slow, session_id=session_id, timeout_seconds=5)
 
         async with anyio.create_task_group() as group:
             group.start_soon(call, "running", running)
@@ -338,9 +339,9 @@ async def test_an_idle_session_expires(expiring_gateway: str, transport: str) ->
 async def test_timeout_seconds_is_the_calls_limit_up_to_the_maximum(
     small_gateway: str, transport: str
 ) -> None:
-    # The code reports how long it has run, by its own clock: stopped at the call's 1 s, it
-    # never reports more, where the service's own limit (5 s) would let it go on. However
-    # slowly a loaded host starts it, its clock starts later than the limit's.
+    # The code reports how long it has run, by its own clock, which starts after the call's:
+    # stopped at the call's 1 s (the interrupt may come late on a loaded host), it never
+    # reports near the service's own limit (30 s). It may be stopped before its first line.
     spin = (
         "import time\nstart = time.monotonic()\nwhile True:\n"
         "    print(f'{time.monotonic() - start:.3f}', flush=True)\n    time.sleep(0.02)"
@@ -350,7 +351,7 @@ async def test_timeout_seconds_is_the_calls_limit_up_to_the_maximum(
         assert "time limit" in text_of(result), text_of(result)
         stdout = facts(result)["stdout"]
         reported = [float(line) for line in re.findall(r"^\d+\.\d{3}$", stdout, re.MULTILINE)]
-        assert reported and max(reported) <= 1.0, reported
+        assert max(reported, default=0.0) < 10, reported
         lowered = facts(await call_code(client, "print('ok')", timeout_seconds=10**6))
         assert lowered["stdout"] == "ok\n"
         assert "timeout_seconds 1e+06 is above the maximum" in text_of(
