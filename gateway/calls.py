@@ -23,6 +23,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
 
+import plotting
 from snekbox_client import EvalResult
 
 from .admission import Admission, Busy
@@ -223,9 +224,12 @@ class Calls:
             args.code, session, uploads, time_limit, choices, wait, args.wait_seconds, lowered
         )
 
-    async def _evaluate(self, call: Call, run: Run, *, new: bool) -> EvalResult:
+    async def _evaluate(
+        self, call: Call, run: Run, *, new: bool, resent: bool = False
+    ) -> EvalResult:
         """Evaluate ``run`` (``new``: its session opened by this call); a cell that runs on
         is read (:mod:`gateway.cells`) until it ends or the call's ``wait_seconds`` pass.
+        Read to an end that says the prelude was missing, it is sent once more (``resent``).
 
         Raises:
             ServiceFailure: the gateway is shutting down, or the evaluation failed.
@@ -253,7 +257,14 @@ class Calls:
         session.live = True  # the evaluator holds its interpreter, running the cell
         session.cell = cell = self._pending(run, call)
         until = call.started + (run.wait_seconds if run.wait_seconds is not None else math.inf)
-        return await self.read_cell(session, cell, result, call, until)
+        result = await self.read_cell(session, cell, result, call, until)
+        if resent or not plotting.prelude_missing(result):
+            return result
+        # Sent without the prelude to an interpreter that had none: the code did not run. A
+        # cell read as it runs could not be sent again at once, as Evaluations does: now.
+        session.prelude_loaded = False
+        await self.evaluations.check_resident(session.replica)
+        return await self._evaluate(call, run, new=new, resent=True)
 
     def _pending(self, run: Run, call: Call) -> PendingCell:
         limit = run.time_limit or self.connection.info.time_limit or self.settings.timeout

@@ -233,16 +233,18 @@ class Evaluations:
         if not missing or plotting.carries_prelude(request):
             return result
         # The code did not run: the interpreter has no prelude of this gateway's (the code
-        # removed it, another gateway's runs there), nor the service (see _check_resident).
-        if self.connection.resident.usable(resent=True):
-            await self._check_resident(replica)
+        # removed it, another gateway's runs there), nor the service (see check_resident).
+        await self.check_resident(replica)
         whole = plotting.build_request(run.code)
         request = replace(request, files=(*whole.files, *self._files(run)))
         return await self.connection.service.eval(request, replica=replica, extra_time=extra_time)
 
-    async def _check_resident(self, replica: str | None) -> None:
-        """Whether the service keeps the prelude resident, asked by a run of no code: a run's
-        answer alone may be the code's own, which would make runs carry it for nothing."""
+    async def check_resident(self, replica: str | None) -> None:
+        """Whether the service keeps the prelude resident (while runs are sent without it),
+        asked by a run of no code: a run's answer alone may be the code's own, which would make
+        runs carry it for nothing."""
+        if not self.connection.resident.usable(resent=True):
+            return
         probe = plotting.build_request("", resident=True)
         try:
             answer = await self.connection.service.eval(probe, replica=replica)

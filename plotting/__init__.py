@@ -81,7 +81,8 @@ LOST_FIGURE_PATTERN = re.compile(r"figure_([0-9]{3,})\.png" + re.escape(PARTIAL_
 #: service holds it (``_boot.py`` writes them): see :func:`prelude_missing`.
 _PRELUDE_MISSING_STATUS = 121
 _PRELUDE_MISSING_OUTPUT = (
-    "The prelude is not in this interpreter, nor resident in the service: sent again.\n"
+    "The prelude is not in this interpreter, nor resident in the service: the code did not run; "
+    "call again.\n"
 )
 #: The first bytes of every PNG file.
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -32,7 +32,8 @@ if __name__ == "__main__":
         except OSError:
             # The answer on which the gateway sends it (plotting.prelude_missing).
             print(
-                "The prelude is not in this interpreter, nor resident in the service: sent again.",
+                "The prelude is not in this interpreter, nor resident in the service: "
+                "the code did not run; call again.",
                 file=sys.__stdout__,
                 flush=True,
             )

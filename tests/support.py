@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -35,6 +36,9 @@ from evaluator.host import interpreter_paths, working_directory
 #: (the heaviest, numpy + pandas + a figure, takes about 1 s on an idle machine), so that a
 #: loaded machine never turns a normal call into a time-limit kill.
 TIME_LIMIT = 30.0
+#: Another interpreter than the default, where the machine has it (pyenv's; CI installs it).
+PY313 = Path("/root/.pyenv/versions/3.13.0/bin/python3.13")
+HAS_313 = os.path.exists(PY313)  # False, not PermissionError, where /root is closed
 
 
 @contextmanager

@@ -38,8 +38,10 @@ def keep_files(
     resumed, session.live = session.live, result.session_ended is False
     # A call that was interrupted or killed in a new interpreter may have stopped before
     # the prelude was kept there.
-    session.prelude_loaded = session.live and (
-        (resumed and session.prelude_loaded) or result.ended_by == "exit"
+    session.prelude_loaded = (
+        session.live
+        and ((resumed and session.prelude_loaded) or result.ended_by == "exit")
+        and not plotting.prelude_missing(result)  # a cell sent without it found none
     )
     if inputs_written(result.returncode, result.stdout, result.ended_by):
         for path, content in uploads.items():

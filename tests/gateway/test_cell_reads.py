@@ -10,6 +10,7 @@ import anyio
 import pytest
 from mcp.types import CallToolResult
 
+import plotting
 from gateway.cells import NEWEST_CHARS, OutputSoFar
 from snekbox_client import EvalResult, EvaluatorRejected
 from tests.gateway.fake_service import LIVE, FakeService, ok
@@ -131,3 +132,32 @@ async def test_a_cell_started_elsewhere_is_said_to_run_when_the_service_refuses_
         refused = await call(client, "more()", session_id=session_id)
     assert refused.is_error and "still running" in text_of(refused)
     assert f'get_output(session_id="{session_id}")' in text_of(refused)
+
+
+async def test_a_cell_read_to_a_missing_prelude_is_sent_again_with_it() -> None:
+    """A later cell goes without the prelude; its interpreter had lost it (the code removed
+    it), which the answer says only once the cell is read: sent again, with it, once."""
+    missing = ok(plotting._PRELUDE_MISSING_OUTPUT, returncode=121, session_ended=False)
+    service = FakeService(ok(session_ended=False), running(""), info=CELLS)
+    service.then(ok(), ok("42\n", session_ended=False))  # the check of the service, the cell
+    service.read_script.extend([missing])
+    async with gateway(service) as (_, client):
+        session_id = facts(await call(client, "import sys; del sys._mcp_prelude"))["session_id"]
+        result = facts(await call(client, "print(6 * 7)", session_id=session_id))
+    assert (result["stdout"], result["status"]) == ("42\n", "ok")
+    assert service.codes[1:] == ["print(6 * 7)", "", "print(6 * 7)"]
+    assert [plotting.carries_prelude(r) for r in service.requests[1:]] == [False, False, True]
+
+
+async def test_a_missing_prelude_read_by_get_output_is_said_and_the_next_call_carries_it() -> None:
+    missing = ok(plotting._PRELUDE_MISSING_OUTPUT, returncode=121, session_ended=False)
+    service = FakeService(ok(session_ended=False), running(""), info=CELLS)
+    async with gateway(service) as (_, client):
+        session_id = facts(await call(client, "import sys; del sys._mcp_prelude"))["session_id"]
+        first = facts(await call(client, "print(1)", session_id=session_id, wait_seconds=0))
+        assert first["status"] == "running"
+        service.read_script.extend([missing])
+        ended = facts(await tool(client, "get_output", session_id=session_id))
+        assert "the code did not run; call again" in ended["stdout"]
+        facts(await call(client, "print(1)", session_id=session_id))
+    assert plotting.carries_prelude(service.requests[-1])

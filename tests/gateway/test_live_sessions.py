@@ -18,7 +18,7 @@ import pytest
 
 from python_mcp_server import Settings, create_app
 from tests.gateway.conftest import with_evaluator
-from tests.support import call_code, connect, facts, serve, text_of
+from tests.support import HAS_313, PY313, call_code, connect, facts, serve, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("transport", ["sse", "http"])]
 
@@ -223,6 +223,27 @@ async def test_a_prelude_the_code_removed_is_sent_again(
         await call_code(client, "import sys\ndel sys._mcp_prelude", **session)
         assert facts(await call_code(client, "print(x)", **session))["stdout"] == "1\n"
         assert facts(await call_code(client, "x + 1", **session))["stdout"] == "2\n"
+
+
+@pytest.mark.skipif(not HAS_313, reason=f"needs {PY313}: another interpreter than the default")
+async def test_a_prelude_found_missing_by_a_later_read_is_said_and_the_next_call_brings_it(
+    settings: Settings, transport: str
+) -> None:
+    """Read later (``get_output``), the cell cannot be sent again: the model is told the code
+    did not run, and its next call carries the prelude. (Another Python than the default: the
+    evaluator keeps no resident prelude for it, which would stand in for the one removed.)"""
+    chosen = {"python": "3.13"}
+    with serve(create_app(with_evaluator(settings, time_limit=20.0, pythons=(str(PY313),)))) as url:
+        async with connect(url, transport) as client:
+            first = facts(await call_code(client, "x = 1", **chosen))
+            session = {"session_id": first["session_id"], **chosen}
+            await call_code(client, "import sys\ndel sys._mcp_prelude", **session)
+            again = facts(await call_code(client, "print(x)", wait_seconds=0, **session))
+            if again["status"] == "running":  # as almost always: answered before it ended
+                read = await client.call_tool("get_output", {"session_id": first["session_id"]})
+                assert "the code did not run; call again" in facts(read)["stdout"], text_of(read)
+                again = facts(await call_code(client, "print(x)", **session))
+            assert again["stdout"] == "1\n", again
 
 
 async def test_a_first_call_stopped_early_sends_the_prelude_again(

@@ -9,7 +9,6 @@ installs nothing and runs the interpreters the operator's table names.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,11 @@ from python_mcp_server import Settings, create_app
 from tests.evaluator.test_run_packages import searchable
 from tests.gateway.conftest import with_evaluator
 from tests.gateway.harness import ServiceProcess
-from tests.support import call_code, connect, facts, serve, text_of
+from tests.support import HAS_313, PY313, call_code, connect, facts, serve, text_of
 from tests.wheels import wheels
 
 pytestmark = pytest.mark.anyio
 
-PY313 = Path("/root/.pyenv/versions/3.13.0/bin/python3.13")
-HAS_313 = os.path.exists(PY313)  # False, not PermissionError, where /root is closed
 needs_313 = pytest.mark.skipif(not HAS_313, reason=f"no CPython 3.13 at {PY313}")
 
 BLOCK = '# /// script\n# dependencies = ["tinypkg==1.0"]\n# requires-python = ">=3.11"\n# ///\n'
