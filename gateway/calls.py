@@ -224,12 +224,11 @@ class Calls:
             args.code, session, uploads, time_limit, choices, wait, args.wait_seconds, lowered
         )
 
-    async def _evaluate(
-        self, call: Call, run: Run, *, new: bool, resent: bool = False
-    ) -> EvalResult:
+    async def _evaluate(self, call: Call, run: Run, *, new: bool) -> EvalResult:
         """Evaluate ``run`` (``new``: its session opened by this call); a cell that runs on
         is read (:mod:`gateway.cells`) until it ends or the call's ``wait_seconds`` pass.
-        Read to an end that says the prelude was missing, it is sent once more (``resent``).
+        Sent without the prelude and read to an end that says it found none, it is sent once
+        more, whole.
 
         Raises:
             ServiceFailure: the gateway is shutting down, or the evaluation failed.
@@ -258,13 +257,13 @@ class Calls:
         session.cell = cell = self._pending(run, call)
         until = call.started + (run.wait_seconds if run.wait_seconds is not None else math.inf)
         result = await self.read_cell(session, cell, result, call, until)
-        if resent or not plotting.prelude_missing(result):
+        if run.whole or not session.bare or not plotting.prelude_missing(result):
             return result
         # Sent without the prelude to an interpreter that had none: the code did not run. A
         # cell read as it runs could not be sent again at once, as Evaluations does: now.
+        session.live = result.session_ended is False
         session.prelude_loaded = False
-        await self.evaluations.check_resident(session.replica)
-        return await self._evaluate(call, run, new=new, resent=True)
+        return await self._evaluate(call, replace(run, whole=True), new=new)
 
     def _pending(self, run: Run, call: Call) -> PendingCell:
         limit = run.time_limit or self.connection.info.time_limit or self.settings.timeout

@@ -75,6 +75,8 @@ class Run:
     wait_seconds: float | None = None
     #: The ``timeout_seconds`` asked, when it was lowered to the maximum.
     lowered: float | None = None
+    #: Sent again with the prelude, whole: it went without, to an interpreter that had none.
+    whole: bool = False
 
 
 class Evaluations:
@@ -128,6 +130,8 @@ class Evaluations:
         try:
             async with self.admission.slot(run.session.client):
                 running = self.admission.in_flight
+                if run.whole:  # whether the service keeps it (it may have been that one)
+                    await self.check_resident(run.session.replica)
                 request = await self._request(run)
                 if run.time_limit is None or self.connection.limits_time:
                     return await self._send(run, request)
@@ -154,12 +158,14 @@ class Evaluations:
         executable_path = choices.python.executable_path if choices.python else None
         request = plotting.build_request(
             run.code,
-            later_cell=self._later_cell(session),
+            later_cell=self._later_cell(session) and not run.whole,
             # Kept compiled for its default interpreter by the built-in evaluator (for each by
             # the Snekbox image, which reads no cell later: every run there can be resent).
             resident=executable_path is None
+            and not run.whole
             and self.connection.sends_resident(resent=run.wait is None),
         )
+        session.bare = not plotting.carries_prelude(request)
         return replace(
             request,
             files=(*request.files, *self._files(run)),

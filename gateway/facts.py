@@ -17,6 +17,11 @@ from .png import check_header
 from .status import Status, describe_exit
 from .text import clean
 
+_PRELUDE_LOST = (
+    "not run: the session's interpreter no longer had the gateway's prelude (its code removed "
+    "it); call again: the next call brings it"
+)
+
 __all__ = ["LOST", "NOT_RETURNED", "Facts", "Figure"]
 
 #: Why a figure is not in the result: the run ended while it was saved; the evaluator kept it.
@@ -80,6 +85,8 @@ class Facts:
             memory_limit_mib=memory_limit_mib,
             session_ended=result.session_ended,
         )
+        if plotting.prelude_missing(result):  # the first file's answer, read too late to resend
+            status, message = "not_run", _PRELUDE_LOST
         files = plotting.sort_files(result.files)
         figures = [Figure.returned(f, max_image_side) for f in files.figures]
         figures += [Figure(f, problem=LOST, kind="lost") for f in files.lost_figures]

@@ -96,6 +96,9 @@ class CodeSession:
     #: Whether that interpreter has run the prelude (a call through this gateway ended by
     #: itself there), so that later calls are sent without it (``plotting.build_request``).
     prelude_loaded: bool = False
+    #: Whether its latest run went without the prelude (for the interpreter's, or the one the
+    #: service keeps resident): an answer that it found none is then the boot file's.
+    bare: bool = False
     #: A call sent to its interpreter ended without an answer (cancelled, timed out, cut off),
     #: and that interpreter was ended: the next result says why the variables are gone.
     abandoned: bool = False

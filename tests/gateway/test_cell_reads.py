@@ -159,5 +159,31 @@ async def test_a_missing_prelude_read_by_get_output_is_said_and_the_next_call_ca
         service.read_script.extend([missing])
         ended = facts(await tool(client, "get_output", session_id=session_id))
         assert "the code did not run; call again" in ended["stdout"]
+        assert ended["status"] == "not_run" and "the next call brings it" in ended["message"]
         facts(await call(client, "print(1)", session_id=session_id))
     assert plotting.carries_prelude(service.requests[-1])
+
+
+async def test_a_cell_that_carried_the_prelude_is_not_run_again_for_forging_its_absence() -> None:
+    """Only a run that went without the prelude can have found none: code that prints the same
+    and exits the same way, read later, ran with it, and runs once."""
+    missing = ok(plotting._PRELUDE_MISSING_OUTPUT, returncode=121, session_ended=False)
+    service = FakeService(running(""), info=CELLS)
+    service.read_script.extend([missing])
+    async with gateway(service) as (_, client):
+        forged = facts(await call(client, "forge()"))
+    assert forged["returncode"] == 121
+    assert service.codes == ["forge()"] and plotting.carries_prelude(service.requests[0])
+
+
+async def test_a_cell_sent_for_the_resident_prelude_is_sent_again_carrying_it() -> None:
+    """Sent again whole, whatever the service says it keeps (it said so of that run too)."""
+    said = replace(CELLS, resident_prelude=plotting.prelude_digest())
+    missing = ok(plotting._PRELUDE_MISSING_OUTPUT, returncode=121, session_ended=False)
+    service = FakeService(running(""), ok(), ok("1\n", session_ended=False), info=said)
+    service.read_script.extend([missing])
+    async with gateway(service) as (_, client):
+        result = facts(await call(client))
+    assert result["stdout"] == "1\n"
+    assert service.codes == ["print(1)", "", "print(1)"]
+    assert [plotting.carries_prelude(r) for r in service.requests] == [False, False, True]
