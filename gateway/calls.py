@@ -227,8 +227,7 @@ class Calls:
     async def _evaluate(self, call: Call, run: Run, *, new: bool) -> EvalResult:
         """Evaluate ``run`` (``new``: its session opened by this call); a cell that runs on
         is read (:mod:`gateway.cells`) until it ends or the call's ``wait_seconds`` pass.
-        Sent without the prelude and read to an end that says it found none, it is sent once
-        more, whole.
+        Sent without the prelude to a sandbox that had none, it is sent once more, whole.
 
         Raises:
             ServiceFailure: the gateway is shutting down, or the evaluation failed.
@@ -251,16 +250,15 @@ class Calls:
             if new:
                 self.sessions.discard(session)
             raise
-        if not result.running:
-            return result
-        session.live = True  # the evaluator holds its interpreter, running the cell
-        session.cell = cell = self._pending(run, call)
-        until = call.started + (run.wait_seconds if run.wait_seconds is not None else math.inf)
-        result = await self.read_cell(session, cell, result, call, until)
+        if result.running:
+            session.live = True  # the evaluator holds its interpreter, running the cell
+            session.cell = cell = self._pending(run, call)
+            until = call.started + (run.wait_seconds if run.wait_seconds is not None else math.inf)
+            result = await self.read_cell(session, cell, result, call, until)
         if run.whole or not session.bare or not plotting.prelude_missing(result):
             return result
-        # Sent without the prelude to an interpreter that had none: the code did not run. A
-        # cell read as it runs could not be sent again at once, as Evaluations does: now.
+        # Sent without the prelude (for the interpreter's, or the service's resident one) to a
+        # sandbox that had none: the code did not run. Sent again, whole.
         session.live = result.session_ended is False
         session.prelude_loaded = False
         return await self._evaluate(call, replace(run, whole=True), new=new)

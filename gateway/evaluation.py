@@ -75,7 +75,8 @@ class Run:
     wait_seconds: float | None = None
     #: The ``timeout_seconds`` asked, when it was lowered to the maximum.
     lowered: float | None = None
-    #: Sent again with the prelude, whole: it went without, to an interpreter that had none.
+    #: Sent again with the prelude, whole: it went without, to a sandbox that had none (the
+    #: code removed it, another gateway's runs there, the service keeps none of this gateway's).
     whole: bool = False
 
 
@@ -160,7 +161,7 @@ class Evaluations:
             run.code,
             later_cell=self._later_cell(session) and not run.whole,
             # Kept compiled for its default interpreter by the built-in evaluator (for each by
-            # the Snekbox image, which reads no cell later: every run there can be resent).
+            # the Snekbox image, whose runs answer at their end: each can be sent again at once).
             resident=executable_path is None
             and not run.whole
             and self.connection.sends_resident(resent=run.wait is None),
@@ -230,19 +231,9 @@ class Evaluations:
             ) from None
 
     async def _eval(self, run: Run, request: EvalRequest) -> EvalResult:
-        """``POST /eval`` of ``request``; sent without the prelude (for the service's resident
-        one, or a later cell's) to a sandbox that has none, it is sent again with it (a cell
-        answered ``running`` goes without it only where the service said it keeps it)."""
+        """``POST /eval`` of ``request`` (one sent without the prelude to a sandbox that has
+        none is sent again whole by the call: see ``Run.whole``)."""
         replica, extra_time = run.session.replica, self._install_time(run.choices)
-        result = await self.connection.service.eval(request, replica=replica, extra_time=extra_time)
-        missing = not result.running and plotting.prelude_missing(result)
-        if not missing or plotting.carries_prelude(request):
-            return result
-        # The code did not run: the interpreter has no prelude of this gateway's (the code
-        # removed it, another gateway's runs there), nor the service (see check_resident).
-        await self.check_resident(replica)
-        whole = plotting.build_request(run.code)
-        request = replace(request, files=(*whole.files, *self._files(run)))
         return await self.connection.service.eval(request, replica=replica, extra_time=extra_time)
 
     async def check_resident(self, replica: str | None) -> None:

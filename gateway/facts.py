@@ -17,12 +17,14 @@ from .png import check_header
 from .status import Status, describe_exit
 from .text import clean
 
+__all__ = ["LOST", "NOT_RETURNED", "Facts", "Figure"]
+
+#: The status line of a cell that went without the prelude to an interpreter that had none, read
+#: only once the call that sent it had ended (so it could not be sent again).
 _PRELUDE_LOST = (
     "not run: the session's interpreter no longer had the gateway's prelude (its code removed "
     "it); call again: the next call brings it"
 )
-
-__all__ = ["LOST", "NOT_RETURNED", "Facts", "Figure"]
 
 #: Why a figure is not in the result: the run ended while it was saved; the evaluator kept it.
 LOST = "lost: the run ended while it was being saved"

@@ -230,8 +230,9 @@ async def test_a_prelude_found_missing_by_a_later_read_is_said_and_the_next_call
     settings: Settings, transport: str
 ) -> None:
     """Read later (``get_output``), the cell cannot be sent again: the model is told the code
-    did not run, and its next call carries the prelude. (Another Python than the default: the
-    evaluator keeps no resident prelude for it, which would stand in for the one removed.)"""
+    did not run, and its next call carries the prelude; answered at once, it is sent again.
+    (Another Python than the default: the evaluator keeps no resident prelude for it, which
+    would stand in for the one removed.)"""
     chosen = {"python": "3.13"}
     with serve(create_app(with_evaluator(settings, time_limit=20.0, pythons=(str(PY313),)))) as url:
         async with connect(url, transport) as client:
@@ -248,6 +249,9 @@ async def test_a_prelude_found_missing_by_a_later_read_is_said_and_the_next_call
                 if again["status"] == "running":
                     again = facts(await client.call_tool("get_output", read_later))
             assert again["stdout"] == "1\n", again
+            # Answered at once (the call waits for it), the same is sent again, whole.
+            await call_code(client, "import sys\ndel sys._mcp_prelude", **session)
+            assert facts(await call_code(client, "print(x + 1)", **session))["stdout"] == "2\n"
 
 
 async def test_a_first_call_stopped_early_sends_the_prelude_again(
