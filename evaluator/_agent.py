@@ -59,6 +59,8 @@ def warm(names: "list[str]") -> None:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     try:
+        # A process's first compile() builds its AST types (~1 ms): paid here, not by the run.
+        compile("", "<warm>", "exec")
         for name in names:
             try:
                 if name.split(".")[0] == "matplotlib" and "matplotlib" not in sys.modules:
@@ -272,8 +274,7 @@ def _end_cell(
 
 def _quiet_fork_warning() -> None:
     """Before a cell's first fork: no DeprecationWarning (3.12+) that the process is
-    multi-threaded when the only other thread is the agent's own (it holds no lock a child
-    could need, and a child ends with the cell)."""
+    multi-threaded; its other thread is the agent's, holding no lock a child could need."""
     import warnings
 
     if not getattr(_quiet_fork_warning, "done", False):
