@@ -30,8 +30,9 @@ class Cell:
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        #: Set to interrupt the cell (a KeyboardInterrupt; see :meth:`.JailedProcess.run_cell`).
-        self.interrupted = asyncio.Event()
+        #: Done once the cell is to be interrupted (a KeyboardInterrupt; see :meth:`interrupt`
+        #: and :meth:`.JailedProcess.run_cell`, which waits for it beside the cell's end).
+        self.interrupted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
         self.started = time.monotonic()
         self._unread = bytearray()
@@ -44,7 +45,10 @@ class Cell:
         self._error: BaseException | None = None
         #: When it ended (``time.monotonic()``; ``None``: it runs).
         self.ended_at: float | None = None
+        # Output came, or the cell ended: what a read for any output wakes on. A read for the
+        # end wakes on the end alone, not on each piece of output before it.
         self._changed = asyncio.Event()
+        self._ended = asyncio.Event()
 
     @property
     def running(self) -> bool:
@@ -56,6 +60,11 @@ class Cell:
         """Whether a piece of its output was read while it ran (its result then holds only
         the rest: see :meth:`rest`)."""
         return self._read_any
+
+    def interrupt(self) -> None:
+        """Interrupt the cell, once (see :attr:`interrupted`)."""
+        if not self.interrupted.done():
+            self.interrupted.set_result(None)
 
     def on_output(self, chunk: bytes) -> None:
         """The output pump's hook: ``chunk`` was written (and kept, within the limit)."""
@@ -75,6 +84,7 @@ class Cell:
         self._result = result
         self.ended_at = time.monotonic()
         self._changed.set()
+        self._ended.set()
 
     def fail(self, error: BaseException) -> None:
         """The cell could not run (``error`` is what its request would have raised)."""
@@ -82,6 +92,7 @@ class Cell:
         self._error = error
         self.ended_at = time.monotonic()
         self._changed.set()
+        self._ended.set()
 
     async def read(self, wait: float, *, early: bool = False) -> EvalResult:
         """Its output since the last read, waiting up to ``wait`` seconds for the end (with
@@ -91,14 +102,15 @@ class Cell:
             Exception: what the cell's run raised (it did not run).
         """
         deadline = time.monotonic() + wait
+        woken = self._changed if early else self._ended
         while self.running and not (early and self._unread):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            self._changed.clear()
+            woken.clear()
             try:
                 async with asyncio.timeout(remaining):
-                    await self._changed.wait()
+                    await woken.wait()
             except TimeoutError:
                 break
         return self.take()
@@ -183,7 +195,7 @@ class Cells:
         """Forget the cell of a session ended on purpose (its result is nobody's now)."""
         cell = self._cells.pop(session_id, None)
         if cell is not None and cell.running:
-            cell.interrupted.set()
+            cell.interrupt()
 
     def expire(self, idle_timeout: float) -> None:
         """Forget the results nobody read within ``idle_timeout`` seconds of their end."""

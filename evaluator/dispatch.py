@@ -282,7 +282,7 @@ class Dispatcher:
             if not self._live.touch(session):
                 raise self.not_found(session) from None
             raise
-        cell.interrupted.set()
+        cell.interrupt()
 
     def forget_cell(self, session: str) -> None:
         """A session ended on purpose: its cell's result is nobody's."""

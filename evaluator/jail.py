@@ -267,7 +267,7 @@ class JailedProcess:
         output_limit: int,
         grace: float,
         on_output: OnOutput | None = None,
-        interrupted: asyncio.Event | None = None,
+        interrupted: asyncio.Future[None] | None = None,
         starting: bool = False,
     ) -> Outcome:
         """Run one cell in a session's agent (released with ``release(argv, None)``).
@@ -304,26 +304,20 @@ class JailedProcess:
             self._output_fd, output_limit, on_limit=on_limit, on_output=on_output, marker=marker
         )
         status = agent_pipes.CellStatus(status_fd)
-        asked: asyncio.Future[None] | None = None
-        if interrupted is not None:
-            asked = asyncio.ensure_future(_set(interrupted))
+        asked = (interrupted,) if interrupted is not None else ()
         with pump, status.watch() as said, self._child.exit_watch() as exited:
             ends = (pump.eof, said, exited)
             self.released_at = time.monotonic()
-            try:
-                await agent_pipes.write_within(request_fd, frame, time_limit)
-                remaining = time_limit - (time.monotonic() - self.released_at)
-                await _any_within((*ends, asked) if asked is not None else ends, remaining)
-                if not any(end.done() for end in ends):
-                    if ended_by == "exit":
-                        ended_by = "interrupted" if asked and asked.done() else "time_limit"
-                        agent_pipes.send_frame(request_fd, _agent.INTERRUPT)
-                    if not await _any_within(ends, grace):
-                        self.kill()
-                        await _any_within(ends, _KILL_GRACE)
-            finally:
-                if asked is not None:
-                    asked.cancel()
+            await agent_pipes.write_within(request_fd, frame, time_limit)
+            remaining = time_limit - (time.monotonic() - self.released_at)
+            await _any_within((*ends, *asked), remaining)
+            if not any(end.done() for end in ends):
+                if ended_by == "exit":
+                    ended_by = "interrupted" if any(a.done() for a in asked) else "time_limit"
+                    agent_pipes.send_frame(request_fd, _agent.INTERRUPT)
+                if not await _any_within(ends, grace):
+                    self.kill()
+                    await _any_within(ends, _KILL_GRACE)
         pump.drain()  # what the cell wrote before its status is in the pipe by now
         if starting and not pump.marked and ended_by == "exit":
             self.kill()
@@ -365,10 +359,6 @@ class JailedProcess:
                 os.close(fd)
                 setattr(self, name, None)
         self._child.close()
-
-
-async def _set(event: asyncio.Event) -> None:
-    await event.wait()
 
 
 async def _any_within(futures: Sequence[asyncio.Future[None]], seconds: float) -> bool:
