@@ -13,8 +13,10 @@ too), given ``CAP_SYS_ADMIN`` in that user namespace:
 - ``forked child``: the parent, inside the sandbox, has imported the same; each child unshares
   mount, PID, network, IPC and UTS namespaces, makes its mounts private, mounts its own tmpfs on
   ``/tmp`` and, as PID 1 of its namespace, its own ``/proc``; drops every capability, sets
-  ``no_new_privs``, checks that it sees only itself and its own ``/tmp``, and exits: the wall
-  time from fork to its exit, as the parent sees it.
+  ``no_new_privs``, loads the evaluator's seccomp filter itself (``evaluator/seccomp.py``, as
+  for runs sharing one uid; bwrap loads it today), checks that it sees only itself and its own
+  ``/tmp`` and that the filter is in force (``memfd_create`` and ``inotify_init`` refused), and
+  exits: the wall time from fork to its exit, as the parent sees it.
 
     uv run python bench/bench_fork_server.py [-n 20] [--modules numpy,pandas,matplotlib.pyplot]
 """
@@ -33,8 +35,10 @@ import time
 from _common import percentile
 
 from evaluator.config import default_bwrap
+from evaluator.seccomp import compile_filter
 
-#: The parent, run inside the sandbox: argv[1] the modules, argv[2] how many children.
+#: The parent, run inside the sandbox: argv[1] the modules, argv[2] how many children, argv[3]
+#: the seccomp program each child loads itself.
 PARENT = r"""
 import ctypes, json, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -52,6 +56,15 @@ class Data(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
                 ("inheritable", ctypes.c_uint32)]
 
+class Program(ctypes.Structure):  # struct sock_fprog
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+def refused(result, error):
+    return result == -1 and ctypes.get_errno() == error
+
+with open(sys.argv[3], "rb") as f:
+    FILTER = ctypes.create_string_buffer(f.read())  # the evaluator's, as bwrap would load it
+
 def child():
     ok(libc.unshare(NEWNS | NEWUTS | NEWIPC | NEWPID | NEWNET), "unshare")
     ok(libc.mount(b"none", b"/", None, REC | PRIVATE, None), "private mounts")
@@ -64,10 +77,15 @@ def child():
         libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
     ok(libc.prctl(38, 1, 0, 0, 0), "no_new_privs")  # PR_SET_NO_NEW_PRIVS
     ok(libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()), "capset")
+    program = Program(len(FILTER.raw) // 8, ctypes.addressof(FILTER))
+    ok(libc.prctl(22, 2, ctypes.byref(program), 0, 0), "seccomp")  # PR_SET_SECCOMP, FILTER
     processes = [p for p in os.listdir("/proc") if p.isdigit()]
     effective = [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1]
     if os.getpid() != 1 or processes != ["1"] or os.listdir("/tmp") or int(effective, 16):
         os._exit(3)
+    # Without the filter, memfd_create works and inotify has its quota; with it, ENOSYS, EMFILE.
+    if not refused(libc.memfd_create(b"x", 0), 38) or not refused(libc.inotify_init(), 24):
+        os._exit(4)
     os._exit(0)
 
 for module in filter(None, sys.argv[1].split(",")):
@@ -119,12 +137,15 @@ def fresh_cpu(modules: str, n: int, config: str) -> list[float]:
 
 def forked(modules: str, n: int, config: str) -> list[float]:
     """Wall milliseconds from fork to exit of ``n`` children of one imported parent."""
+    program = os.path.join(config, "seccomp.bpf")
+    with open(program, "wb") as f:
+        f.write(compile_filter(shared_user=True))  # the children share one uid
     with tempfile.NamedTemporaryFile("w", suffix=".py", dir="/var/tmp") as script:
         script.write(PARENT)
         script.flush()
         os.chmod(script.name, 0o644)
         argv = [*jail(config, cap_sys_admin=True), sys.executable, script.name, modules, str(n)]
-        done = subprocess.run(argv, capture_output=True, text=True)
+        done = subprocess.run([*argv, program], capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"the parent failed ({done.returncode}): {done.stderr[-2000:]}")
     times: list[float] = json.loads(done.stdout)
