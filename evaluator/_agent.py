@@ -100,11 +100,8 @@ def request() -> "list[str] | bytes | None":
 
 
 def run(args: "list[str]") -> "tuple[int, ModuleType]":
-    """Run ``args`` as ``python ARGS`` would, in a fresh ``__main__``.
-
-    Returns the exit status and the ``__main__`` module; -2 stands for "killed by SIGINT" (an
-    uncaught KeyboardInterrupt).
-    """
+    """Run ``args`` as ``python ARGS`` would, in a fresh ``__main__``: the exit status (-2:
+    "killed by SIGINT", an uncaught KeyboardInterrupt) and the ``__main__`` module."""
     import builtins
     from importlib.machinery import BuiltinImporter, SourceFileLoader
 
@@ -133,15 +130,12 @@ def exit_status(code: object) -> int:
 
 
 def finish(status: int, main: "ModuleType") -> None:
-    """End as the interpreter's shutdown would, without tearing the imported modules down.
-
-    Python waits for the non-daemon threads, runs the atexit functions and flushes the standard
+    """End as the interpreter's shutdown would, without tearing the imported modules down:
+    python waits for the non-daemon threads, runs the atexit functions and flushes the standard
     streams, then frees every module, which takes hundreds of milliseconds once pandas and
     matplotlib are loaded. The code's own objects are freed (their files flushed and closed)
-    by clearing its ``__main__``; the modules are left to the kernel.
-    """
-    threading = sys.modules.get("threading")
-    shutdown = getattr(threading, "_shutdown", None)
+    by clearing its ``__main__``; the modules are left to the kernel."""
+    shutdown = getattr(sys.modules.get("threading"), "_shutdown", None)
     if shutdown is not None:
         try:
             shutdown()
@@ -187,7 +181,8 @@ def serve_cells() -> None:
     arrived = _thread.allocate_lock()
     arrived.acquire()
     guard = _thread.allocate_lock()
-    running, interrupted = [False], [False]
+    # Cells handed over and not started yet (an interrupt that comes first waits for one).
+    pending, running, interrupted = [0], [False], [False]
     main_thread, agent = _thread.get_ident(), os.getpid()
 
     def read_frames() -> None:
@@ -197,6 +192,8 @@ def serve_cells() -> None:
             if head is None or payload is None:
                 break
             if head[:1] == CELL:
+                with guard:
+                    pending[0] += 1
                 cells.append(payload)
                 arrived.release()
             elif head[:1] == INTERRUPT:
@@ -205,10 +202,11 @@ def serve_cells() -> None:
                 # that run around os.fork do); the service kills the interpreter after its grace.
                 while True:
                     with guard:
-                        if not running[0]:
+                        if not running[0] and not pending[0]:
                             break
                         interrupted[0] = True
-                        signal.pthread_kill(main_thread, signal.SIGINT)
+                        if running[0]:
+                            signal.pthread_kill(main_thread, signal.SIGINT)
                     time.sleep(_INTERRUPT_EVERY)
         cells.append(b"")  # EOF: the session is over
         arrived.release()
@@ -221,11 +219,14 @@ def serve_cells() -> None:
         if not payload:
             os._exit(0)
         args = [os.fsdecode(arg) for arg in payload.split(b"\0")[:-1]]
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        with guard:
-            running[0] = True
         status = INTERRUPTED
-        try:
+        try:  # from here on, an interrupt is the cell's
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            with guard:
+                pending[0] -= 1
+                running[0] = True
+                if interrupted[0]:  # asked for before it started
+                    signal.pthread_kill(main_thread, signal.SIGINT)
             status = _run_cell(args, main)
         except KeyboardInterrupt:
             pass
@@ -274,7 +275,8 @@ def _end_cell(
 
 def _quiet_fork_warning() -> None:
     """Before a cell's first fork: no DeprecationWarning (3.12+) that the process is
-    multi-threaded; its other thread is the agent's, holding no lock a child could need."""
+    multi-threaded when the only other thread is the agent's own (it holds no lock a child
+    could need, and a child ends with the cell)."""
     import warnings
 
     if not getattr(_quiet_fork_warning, "done", False):
@@ -316,11 +318,8 @@ def _load(args: "list[str]") -> "tuple[str | bytes, str] | None":
 
 def add_packages() -> None:
     """Put the layers added since the last cell on ``sys.path``, the newest first (after the
-    script's directory, before the standard library, as ``PYTHONPATH`` would).
-
-    A module the interpreter imported before from elsewhere keeps its first version: said on
-    stderr.
-    """
+    script's directory, before the standard library, as ``PYTHONPATH`` would); a module the
+    interpreter imported before from elsewhere keeps its first version, said on stderr."""
     try:
         names = sorted(os.listdir(PACKAGES))
     except OSError:

@@ -278,7 +278,7 @@ class JailedProcess:
         killed. Past ``output_limit`` bytes, as for a one-shot run, bwrap gets SIGTERM (143)
         and the interpreter ends. :attr:`alive` then says whether it lives on. ``on_output``
         is handed each chunk of the output as it is read (see :mod:`.pump`). Once
-        ``interrupted`` is set, the cell is interrupted as at the time limit (``ended_by``
+        ``interrupted`` is done, the cell is interrupted as at the time limit (``ended_by``
         ``"interrupted"``). ``starting``: the agent was just released and this is its first
         cell, sent without waiting for it to start (its WARM comes first, and is dropped).
 

@@ -226,3 +226,40 @@ async def test_a_flood_from_one_owner_does_not_queue_another_owners_run_behind_i
         for a, owner in zip(answers, ("f1", "f2", "f3", "calm"), strict=True)
     }
     assert [started[at] for at in sorted(started)] == ["calm", "f1", "f2", "f3"]
+
+
+async def test_a_cell_interrupted_while_it_waits_for_a_slot_starts_interrupted() -> None:
+    """An interrupt asked for before the cell runs (it waits for the only slot) reaches the
+    agent with the cell, or just after it: the cell ends interrupted at once and its session
+    goes on. An agent that dropped an interrupt coming before its cell started let the cell
+    run on until the service killed the interpreter, ending the session. Three times: the
+    frames' order against the agent's start is a race."""
+    async with Evaluator(
+        config(concurrency=1, max_queue=8, time_limit=TIME_LIMIT, preimport=(), max_sessions=4)
+    ) as evaluator:
+        transport = httpx.ASGITransport(create_app(evaluator))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://evaluator", timeout=120
+        ) as client:
+            loop = "import time\nwhile True:\n    time.sleep(0.05)"
+            for trial in range(3):
+                queued = f"queued{trial}"
+                for session in ("hold", queued):  # both live: the queued one's agent waits
+                    assert (await start(client, session, "x = 7", wait=60))["returncode"] == 0
+                assert (await start(client, "hold", loop))["running"]
+                body = {"input": loop, "session": queued, "wait": 60}
+                waiting = asyncio.ensure_future(client.post("/eval", json=body))
+                with anyio.fail_after(60):
+                    while evaluator._slots.waiting < 1:  # noqa: ASYNC110 - its own state
+                        await asyncio.sleep(0.01)
+                interrupt = await client.post(f"/sessions/{queued}/interrupt")
+                assert interrupt.status_code == 204, interrupt.text
+                assert (await client.post("/sessions/hold/interrupt")).status_code == 204
+                with anyio.fail_after(120):
+                    answer = (await waiting).json()
+                _, held = await read_to_end(client, "hold")
+                assert held["ended_by"] == "interrupted" and held["session_ended"] is False
+                assert (answer["ended_by"], answer["returncode"]) == ("interrupted", 130), answer
+                assert answer["session_ended"] is False, answer
+                follow = await start(client, queued, "print(x)", wait=60, session_resume=True)
+                assert (follow["stdout"], follow["returncode"]) == ("7\n", 0)
