@@ -190,6 +190,19 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def cpu_ns(pid: int) -> int:
+    """The CPU time all of ``pid``'s threads have used, in nanoseconds (alive ones): finer than
+    :func:`cpu_ticks`, for a window of a few milliseconds."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
 def cpu_ticks(pids: list[int]) -> int:
     """The CPU time (user + system, clock ticks) ``pids`` have used, those alive now."""
     total = 0

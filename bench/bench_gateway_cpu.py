@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +31,16 @@ from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import ROOT, before_checkout, free_port, percentile, python_server, rounds, service_of
+from _common import (
+    ROOT,
+    before_checkout,
+    cpu_ns,
+    free_port,
+    percentile,
+    python_server,
+    rounds,
+    service_of,
+)
 from mcp import Client
 from mcp.client.sse import sse_client
 
@@ -50,18 +58,6 @@ class Way:
     wall_ms: list[float] = field(default_factory=list)
     server_ns: int = 0
     client_s: float = 0.0
-
-
-def cpu_ns(pid: int) -> int:
-    """The CPU time all of ``pid``'s threads have used, in nanoseconds (alive ones)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
 
 
 def calling(client: Client) -> Callable[[], Awaitable[None]]:
