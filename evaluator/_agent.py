@@ -220,13 +220,13 @@ def serve_cells() -> None:
             os._exit(0)
         args = [os.fsdecode(arg) for arg in payload.split(b"\0")[:-1]]
         status = INTERRUPTED
+        with guard:  # SIGINT is still ignored: nothing can skip this
+            pending[0] -= 1
+            running[0] = True
         try:  # from here on, an interrupt is the cell's
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            with guard:
-                pending[0] -= 1
-                running[0] = True
-                if interrupted[0]:  # asked for before it started
-                    signal.pthread_kill(main_thread, signal.SIGINT)
+            if interrupted[0]:  # asked for before it started
+                raise KeyboardInterrupt
             status = _run_cell(args, main)
         except KeyboardInterrupt:
             pass
