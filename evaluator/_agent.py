@@ -170,16 +170,15 @@ def serve_cells() -> None:
     a ``time.sleep`` ends with KeyboardInterrupt. ``sys._mcp_session`` tells the prelude it
     runs in a session (it then keeps the namespace and ends a cell, not the process).
     """
+    import _queue
     import _signal as signal  # type: ignore[import-not-found]  # C half: no enum (~10 ms)
     import _thread
     import time
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are for cells, set for each
+    signal.signal(signal.SIGINT, _between_cells)  # interrupts are for cells, set for each
     main = type(sys)("__main__")
     sys._mcp_session = True  # type: ignore[attr-defined]
-    cells: list[bytes] = []
-    arrived = _thread.allocate_lock()
-    arrived.acquire()
+    cells: _queue.SimpleQueue[bytes] = _queue.SimpleQueue()
     guard = _thread.allocate_lock()
     # Cells handed over and not started yet (an interrupt that comes first waits for one).
     pending, running, interrupted = [0], [False], [False]
@@ -194,8 +193,7 @@ def serve_cells() -> None:
             if head[:1] == CELL:
                 with guard:
                     pending[0] += 1
-                cells.append(payload)
-                arrived.release()
+                cells.put(payload)
             elif head[:1] == INTERRUPT:
                 # Again until the cell ends: one KeyboardInterrupt can be swallowed (by an
                 # ``except BaseException``, or by a callback that only reports it, as those
@@ -208,14 +206,12 @@ def serve_cells() -> None:
                         if running[0]:
                             signal.pthread_kill(main_thread, signal.SIGINT)
                     time.sleep(_INTERRUPT_EVERY)
-        cells.append(b"")  # EOF: the session is over
-        arrived.release()
+        cells.put(b"")  # EOF: the session is over
 
     _thread.start_new_thread(read_frames, ())
     os.register_at_fork(before=_quiet_fork_warning)
     while True:
-        arrived.acquire()
-        payload = cells.pop(0)
+        payload = cells.get()
         if not payload:
             os._exit(0)
         args = [os.fsdecode(arg) for arg in payload.split(b"\0")[:-1]]
@@ -226,8 +222,10 @@ def serve_cells() -> None:
         try:  # from here on, an interrupt is the cell's
             signal.signal(signal.SIGINT, signal.default_int_handler)
             if interrupted[0]:  # asked for before it started
+                sys.stderr.write("KeyboardInterrupt: the interrupt came before the code started\n")
                 raise KeyboardInterrupt
             status = _run_cell(args, main)
+            signal.signal(signal.SIGINT, _between_cells)  # in the try: see _between_cells
         except KeyboardInterrupt:
             pass
         if os.getpid() != agent:  # a child the cell forked, at the cell's end: it ends there
@@ -244,9 +242,9 @@ def _end_cell(
     (kill(-1) spares those two), this one's children reaped; the standard streams flushed."""
     import time
 
-    while True:  # an interrupt that comes late must not end the interpreter
+    while True:  # the cell ended by a KeyboardInterrupt: the next must not end the interpreter
         try:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, _between_cells)
             with guard:
                 running[0] = False
             break
@@ -273,6 +271,12 @@ def _end_cell(
             pass
 
 
+def _between_cells(signum: int, frame: object) -> None:
+    """SIGINT between a session's cells: nothing. Set as a cell's last step in its ``try``: a
+    SIGINT sent as the cell ended is handled there or here, not by python's handler once the
+    ``try`` is left, which would end the interpreter. (SIG_IGN would report that SIGINT.)"""
+
+
 def _quiet_fork_warning() -> None:
     """Before a cell's first fork: no DeprecationWarning (3.12+) that the process is
     multi-threaded when the only other thread is the agent's own (it holds no lock a child
@@ -289,12 +293,9 @@ def _quiet_fork_warning() -> None:
 def _read_exact(size: int) -> "bytes | None":
     """``size`` bytes from fd 5, or ``None`` at EOF first."""
     data = b""
-    while len(data) < size:
-        chunk = os.read(REQUEST_FD, size - len(data))
-        if not chunk:
-            return None
+    while len(data) < size and (chunk := os.read(REQUEST_FD, size - len(data))):
         data += chunk
-    return data
+    return data if len(data) == size else None
 
 
 def _load(args: "list[str]") -> "tuple[str | bytes, str] | None":

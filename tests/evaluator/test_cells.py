@@ -261,5 +261,6 @@ async def test_a_cell_interrupted_while_it_waits_for_a_slot_starts_interrupted()
                 assert held["ended_by"] == "interrupted" and held["session_ended"] is False
                 assert (answer["ended_by"], answer["returncode"]) == ("interrupted", 130), answer
                 assert answer["session_ended"] is False, answer
+                assert "KeyboardInterrupt" in answer["stdout"], answer  # started or not
                 follow = await start(client, queued, "print(x)", wait=60, session_resume=True)
                 assert (follow["stdout"], follow["returncode"]) == ("7\n", 0)

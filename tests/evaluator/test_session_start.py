@@ -7,6 +7,8 @@ agent that cannot start is easy to make; test_live.py runs cold sessions in sand
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -52,3 +54,32 @@ async def test_an_agent_that_ends_before_it_starts_says_why(process: JailedProce
     process.release(["/bin/sh", "-c", "echo 'no interpreter here' >&2; exit 3"], None)
     with pytest.raises(RuntimeError, match="did not start: no interpreter here"):
         await cell(process, "print('never')", starting=True)
+
+
+def test_a_last_cell_sent_with_the_end_runs_and_the_agent_exits() -> None:
+    """The frame of a cell and the end of fd 5, read at once by the agent's reader: the cell
+    runs, its status is written, then the agent exits. (An agent that woke its main thread once
+    for both would run the cell and wait for ever.) Ten times: the main thread may or may not
+    wake between the two."""
+    for _ in range(10):
+        cells_r, cells_w = os.pipe()
+        status_r, status_w = os.pipe()
+        command = f'exec "$0" "$1" --session 5<&{cells_r} 6>&{status_w}'
+        agent = subprocess.Popen(
+            ["bash", "-c", command, sys.executable, AGENT],
+            pass_fds=(cells_r, status_w),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        os.close(cells_r)
+        os.close(status_w)
+        payload = b"-c\0print('last')\0"
+        os.write(cells_w, b"c" + len(payload).to_bytes(4, "big") + payload)
+        os.close(cells_w)
+        try:
+            out, err = agent.communicate(timeout=60)
+        finally:
+            agent.kill()
+        with os.fdopen(status_r, "rb") as status:
+            assert status.read() == (0).to_bytes(4, "big")
+        assert (agent.returncode, out, err) == (0, b"\x07last\n", b"")
