@@ -10,8 +10,10 @@ its sandbox killed: servers do not cancel a request handler when the client disc
 No request holds the event loop for long: the body's size (checked against ``Content-Length``
 before it is read), its JSON structure (counted while it is read) and its number of files
 (counted before the schema) are bounded, and the decoding, the validation and the answer's
-encoding run in a worker thread. The JSON and base64 codecs hold the interpreter lock while they
-work, so a maximal body still pauses the loop, for a moment (0.1-0.3 s on 2 busy cores).
+encoding run in a worker thread, unless the body or the answer is small (:data:`INLINE_BYTES`):
+a thread's hop then costs more than the work. The JSON and base64 codecs hold the interpreter
+lock while they work, so a maximal body still pauses the loop, for a moment (0.1-0.3 s on 2
+busy cores).
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ from .host import MPLCONFIGDIR
 from .service import Evaluator
 from .workdir import TMP_DIR
 
-__all__ = ["MAX_JSON_STRUCTURE", "RESERVED_DIRS", "create_app"]
+__all__ = ["INLINE_BYTES", "MAX_JSON_STRUCTURE", "RESERVED_DIRS", "create_app"]
+
+#: A body, or an answer's output, this small is decoded or encoded on the event loop (tens of
+#: microseconds): a worker thread's hop costs more (0.1 to 0.4 ms, more on a busy host).
+INLINE_BYTES = 16 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +110,17 @@ def _parse_body(data: bytes | bytearray, max_files: int) -> EvalRequest:
 
 
 def _result_body(result: EvalResult) -> bytes:
-    """The 200 answer, as Starlette's JSONResponse encodes it (in a worker thread)."""
+    """The 200 answer, as Starlette's JSONResponse encodes it."""
     return json.dumps(
         result.to_json(), ensure_ascii=False, allow_nan=False, separators=(",", ":")
     ).encode()
+
+
+async def _encoded(result: EvalResult) -> bytes:
+    """:func:`_result_body`, in a worker thread unless the answer is small (no files)."""
+    if not result.files and len(result.stdout) <= INLINE_BYTES:
+        return _result_body(result)
+    return await asyncio.to_thread(_result_body, result)
 
 
 class _EvalEndpoint:
@@ -123,7 +136,10 @@ class _EvalEndpoint:
             return Response(status_code=200, headers={"Allow": "POST"})
         try:
             data = await self._read_body(request)
-            eval_request = await asyncio.to_thread(_parse_body, data, self._max_files)
+            if len(data) <= INLINE_BYTES:
+                eval_request = _parse_body(data, self._max_files)
+            else:
+                eval_request = await asyncio.to_thread(_parse_body, data, self._max_files)
             result = await self._run_while_connected(request, eval_request)
         except ClientDisconnect:  # while sending the body
             result = None
@@ -137,7 +153,7 @@ class _EvalEndpoint:
         if result is None:
             # Nobody reads this answer: the server drops it (nginx's "client closed request").
             return _HTTPError(499, "499 Client Closed Request").response()
-        body = await asyncio.to_thread(_result_body, result)
+        body = await _encoded(result)
         return Response(body, media_type="application/json")
 
     async def _run_while_connected(
@@ -234,7 +250,7 @@ def _cell_endpoints(
             return _HTTPError(
                 answer.status, answer.title, answer.description, answer.headers
             ).response()
-        body = await asyncio.to_thread(_result_body, result)
+        body = await _encoded(result)
         return Response(body, media_type="application/json")
 
     async def interrupt(request: Request) -> Response:

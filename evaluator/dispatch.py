@@ -15,7 +15,7 @@ import signal
 import time
 from dataclasses import replace
 
-from snekbox_client import EndedBy, EvalRequest, EvalResult
+from snekbox_client import EndedBy, EvalRequest, EvalResult, File
 
 from .cells import Cell, Cells
 from .cgroups import RunCgroup
@@ -134,7 +134,8 @@ class Dispatcher:
         written: dict[str, int] = {}
         if await self._pool.ready(sandbox):
             try:
-                written = await asyncio.to_thread(sandbox.workdir.write_files, request.files)
+                if request.files:  # else no thread to hop to
+                    written = await asyncio.to_thread(sandbox.workdir.write_files, request.files)
             except WriteError as exc:
                 return EvalResult(str(exc), None)
         time_limit = (
@@ -160,14 +161,16 @@ class Dispatcher:
         stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
         if stdout is None:
             return EvalResult(INVALID_UTF8, None)
+        files: tuple[File, ...] = ()  # nothing to collect: no thread to hop to
         try:
-            files = await asyncio.to_thread(
-                sandbox.workdir.collect,
-                written,
-                max_files=config.max_files,
-                timeout=config.file_parse_timeout,
-                content_wanted=request.content_wanted,
-            )
+            if not sandbox.workdir.holds_nothing():
+                files = await asyncio.to_thread(
+                    sandbox.workdir.collect,
+                    written,
+                    max_files=config.max_files,
+                    timeout=config.file_parse_timeout,
+                    content_wanted=request.content_wanted,
+                )
         except CollectError as exc:
             return EvalResult(str(exc), None)
         return EvalResult(stdout, outcome.returncode, files, ended_by(outcome, sandbox.cgroup))

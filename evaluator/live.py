@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from serving import BoundedTable, TableFull
-from snekbox_client import EndedBy, EvalRequest, EvalResult
+from snekbox_client import EndedBy, EvalRequest, EvalResult, File
 
 from .cells import Cell
 from .cgroups import RunCgroup
@@ -221,9 +221,14 @@ class LiveSessions:
             await self._add_layers(session.sandbox, layers)
         except PackageRefused as exc:
             return EvalResult(exc.answer, None, ended_by="packages_refused", session_ended=False)
-        try:
-            before = await asyncio.to_thread(workdir.snapshot, timeout=config.file_parse_timeout)
-            written = await asyncio.to_thread(workdir.write_files, request.files)
+        parse = config.file_parse_timeout
+        before: dict[str, int] = {}
+        written: dict[str, int] = {}
+        try:  # a thread's hop costs more than a snapshot of nothing, or no files
+            if not workdir.holds_nothing():
+                before = await asyncio.to_thread(workdir.snapshot, timeout=parse)
+            if request.files:
+                written = await asyncio.to_thread(workdir.write_files, request.files)
         except WriteError as exc:
             return EvalResult(str(exc), None, session_ended=False)
         outcome = await session.sandbox.process.run_cell(
@@ -244,14 +249,16 @@ class LiveSessions:
             stdout = decode_output(outcome.output, truncated=outcome.ended_by == "output_limit")
         if stdout is None:
             return EvalResult(INVALID_UTF8, None, session_ended=not alive)
-        files = await asyncio.to_thread(
-            workdir.collect,
-            {**before, **written},
-            max_files=config.max_files,
-            timeout=config.file_parse_timeout,
-            content_wanted=request.content_wanted,
-            strict=False,
-        )
+        files: tuple[File, ...] = ()
+        if not workdir.holds_nothing():
+            files = await asyncio.to_thread(
+                workdir.collect,
+                {**before, **written},
+                max_files=config.max_files,
+                timeout=parse,
+                content_wanted=request.content_wanted,
+                strict=False,
+            )
         return EvalResult(stdout, outcome.returncode, files, ended_by, not alive)
 
     async def _start(self, session_id: str, executable: str, owner: str | None) -> _Session:

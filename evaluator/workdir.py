@@ -48,6 +48,8 @@ _MNT_DETACH = 2
 _ROOT_NAME = re.compile(r"evaluator-(\d+)-\w+")
 #: The run's TMPDIR, relative to the working directory; hidden, so never returned.
 TMP_DIR = ".tmp"
+#: Hidden entries :meth:`Workdir.holds_nothing` reads before it gives up (and says no).
+_FEW_HIDDEN = 4
 #: Files ``/dev/shm`` can hold: multiprocessing's semaphores and shared memory blocks take one
 #: each; without a bound, an inode bomb there would eat the run's memory.
 SHM_INODES = 1024
@@ -266,6 +268,21 @@ class Workdir:
         root_fd = self._open()
         try:
             return output_files.snapshot(root_fd, timeout=timeout)
+        finally:
+            os.close(root_fd)
+
+    def holds_nothing(self) -> bool:
+        """Whether :meth:`collect` and :meth:`snapshot` would find nothing: no entry but a few
+        named ``.*`` (the run's temporary directory), which they never enter. Judged from the
+        first entries read, however many there are: cheap enough for the event loop, where a
+        thread's hop would cost more."""
+        root_fd = self._open()
+        try:
+            with os.scandir(root_fd) as entries:
+                for seen, entry in enumerate(entries):
+                    if seen == _FEW_HIDDEN or not entry.name.startswith("."):
+                        return False
+            return True
         finally:
             os.close(root_fd)
 

@@ -122,6 +122,24 @@ def test_removal_goes_any_depth_and_never_follows_a_symlink(tmp_path: Path) -> N
     assert [p.name for p in outside.iterdir()] == ["kept"]
 
 
+def test_a_directory_holds_nothing_to_collect_only_with_a_few_hidden_entries(
+    tmp_path: Path,
+) -> None:
+    """What a run's answer holds is looked for on the event loop only while the directory has
+    nothing but a few hidden entries; anything else, or many of them (the code may make any
+    number), is walked in a thread."""
+    workdir = Workdir(tmp_path, False, 0)
+    assert workdir.holds_nothing()
+    (tmp_path / ".tmp").mkdir()
+    assert workdir.holds_nothing()
+    (tmp_path / "_private").write_text("not returned, but not hidden either")
+    assert not workdir.holds_nothing()
+    (tmp_path / "_private").unlink()
+    for n in range(8):
+        (tmp_path / f".hidden{n}").touch()
+    assert not workdir.holds_nothing()
+
+
 @root_only
 def test_the_sweep_removes_only_what_is_ours_and_dead(tmp_path: Path) -> None:
     finished = subprocess.run(
