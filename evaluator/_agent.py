@@ -279,8 +279,8 @@ def _between_cells(signum: int, frame: object) -> None:
 
 def _quiet_fork_warning() -> None:
     """Before a cell's first fork: no DeprecationWarning (3.12+) that the process is
-    multi-threaded when the only other thread is the agent's own (it holds no lock a child
-    could need, and a child ends with the cell)."""
+    multi-threaded, for the agent's own thread (it holds no lock a child could need); from then
+    on not for the code's threads either, which the filter cannot tell apart."""
     import warnings
 
     if not getattr(_quiet_fork_warning, "done", False):

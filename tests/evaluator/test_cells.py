@@ -4,6 +4,7 @@ HTTP (``POST /sessions/<id>/output``), interrupted (``/interrupt``), and left by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,19 @@ pytestmark = pytest.mark.xdist_group("cells")
 
 # Far above what any cell here needs: a loaded host must never make a test's cell a kill.
 TIME_LIMIT = 60.0
+#: An evaluator that runs one thing at a time: the others queue for its slot.
+ONE_SLOT: dict[str, Any] = {"concurrency": 1, "max_queue": 8, "time_limit": TIME_LIMIT}
+
+
+@contextlib.asynccontextmanager
+async def serving(**settings: Any) -> AsyncIterator[tuple[Evaluator, httpx.AsyncClient]]:
+    """An evaluator of its own (``settings``, nothing imported ahead) and a client of its API."""
+    async with Evaluator(config(preimport=(), **settings)) as evaluator:
+        transport = httpx.ASGITransport(create_app(evaluator))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://evaluator", timeout=120
+        ) as client:
+            yield evaluator, client
 
 
 @pytest.fixture(scope="module")
@@ -175,50 +189,38 @@ async def test_a_client_that_leaves_loses_nothing_it_can_read_later(
 
 
 async def test_a_cell_read_as_it_runs_may_ask_for_the_long_time_limit() -> None:
-    async with Evaluator(
-        config(time_limit=1, long_time_limit=120, preimport=(), max_sessions=2)
-    ) as evaluator:
-        transport = httpx.ASGITransport(create_app(evaluator))
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://evaluator", timeout=120
-        ) as client:
-            code = "import time\ntime.sleep(3)\nprint('ok')"
-            body = {"input": code, "time_limit": 100}
-            plain = await client.post("/eval", json={**body, "session": "plain"})
-            assert plain.json()["ended_by"] == "time_limit"  # capped at the short limit
-            await start(client, "long", code, time_limit=100)
-            text, final = await read_to_end(client, "long")
-            assert (text, final["returncode"]) == ("ok\n", 0)
-            info = (await client.get("/info")).json()
-            assert (info["time_limit"], info["long_time_limit"]) == (1, 120)
+    async with serving(time_limit=1, long_time_limit=120, max_sessions=2) as (_, client):
+        code = "import time\ntime.sleep(3)\nprint('ok')"
+        body = {"input": code, "time_limit": 100}
+        plain = await client.post("/eval", json={**body, "session": "plain"})
+        assert plain.json()["ended_by"] == "time_limit"  # capped at the short limit
+        await start(client, "long", code, time_limit=100)
+        text, final = await read_to_end(client, "long")
+        assert (text, final["returncode"]) == ("ok\n", 0)
+        info = (await client.get("/info")).json()
+        assert (info["time_limit"], info["long_time_limit"]) == (1, 120)
 
 
 async def test_a_flood_from_one_owner_does_not_queue_another_owners_run_behind_it() -> None:
     """The run slots are shared between owners (``session_owner``): the slot a cell gives back
     goes to the run of the owner running none, not to the first in line. Each run prints when
     it started (one slot: one run after another), so the order of service is read, not times."""
-    async with Evaluator(
-        config(concurrency=1, max_queue=8, time_limit=TIME_LIMIT, preimport=(), max_sessions=2)
-    ) as evaluator:
-        transport = httpx.ASGITransport(create_app(evaluator))
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://evaluator", timeout=120
-        ) as client:
-            # The flood's cell holds the only slot until it is interrupted.
-            hold = "import time\nwhile True:\n    time.sleep(0.05)"
-            assert (await start(client, "hold", hold, session_owner="flood"))["running"]
-            stamp = {"input": "import time; print(time.monotonic_ns())"}
-            runs = []
-            for owner in ("flood", "flood", "flood", "calm"):  # the other owner's run comes last
-                body = {**stamp, "session_owner": owner}
-                runs.append(asyncio.ensure_future(client.post("/eval", json=body)))
-                with anyio.fail_after(60):
-                    while evaluator._slots.waiting < len(runs):  # noqa: ASYNC110 - its own state
-                        await asyncio.sleep(0.01)
-            assert (await client.post("/sessions/hold/interrupt")).status_code == 204
-            with anyio.fail_after(120):
-                answers = await asyncio.gather(*runs)
-            _, final = await read_to_end(client, "hold")
+    async with serving(**ONE_SLOT, max_sessions=2) as (evaluator, client):
+        # The flood's cell holds the only slot until it is interrupted.
+        hold = "import time\nwhile True:\n    time.sleep(0.05)"
+        assert (await start(client, "hold", hold, session_owner="flood"))["running"]
+        stamp = {"input": "import time; print(time.monotonic_ns())"}
+        runs = []
+        for owner in ("flood", "flood", "flood", "calm"):  # the other owner's run comes last
+            body = {**stamp, "session_owner": owner}
+            runs.append(asyncio.ensure_future(client.post("/eval", json=body)))
+            with anyio.fail_after(60):
+                while evaluator._slots.waiting < len(runs):  # noqa: ASYNC110 - its own state
+                    await asyncio.sleep(0.01)
+        assert (await client.post("/sessions/hold/interrupt")).status_code == 204
+        with anyio.fail_after(120):
+            answers = await asyncio.gather(*runs)
+        _, final = await read_to_end(client, "hold")
     assert final["ended_by"] == "interrupted"
     assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
     started = {
@@ -234,33 +236,27 @@ async def test_a_cell_interrupted_while_it_waits_for_a_slot_starts_interrupted()
     goes on. An agent that dropped an interrupt coming before its cell started let the cell
     run on until the service killed the interpreter, ending the session. Three times: the
     frames' order against the agent's start is a race."""
-    async with Evaluator(
-        config(concurrency=1, max_queue=8, time_limit=TIME_LIMIT, preimport=(), max_sessions=4)
-    ) as evaluator:
-        transport = httpx.ASGITransport(create_app(evaluator))
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://evaluator", timeout=120
-        ) as client:
-            loop = "import time\nwhile True:\n    time.sleep(0.05)"
-            for trial in range(3):
-                queued = f"queued{trial}"
-                for session in ("hold", queued):  # both live: the queued one's agent waits
-                    assert (await start(client, session, "x = 7", wait=60))["returncode"] == 0
-                assert (await start(client, "hold", loop))["running"]
-                body = {"input": loop, "session": queued, "wait": 60}
-                waiting = asyncio.ensure_future(client.post("/eval", json=body))
-                with anyio.fail_after(60):
-                    while evaluator._slots.waiting < 1:  # noqa: ASYNC110 - its own state
-                        await asyncio.sleep(0.01)
-                interrupt = await client.post(f"/sessions/{queued}/interrupt")
-                assert interrupt.status_code == 204, interrupt.text
-                assert (await client.post("/sessions/hold/interrupt")).status_code == 204
-                with anyio.fail_after(120):
-                    answer = (await waiting).json()
-                _, held = await read_to_end(client, "hold")
-                assert held["ended_by"] == "interrupted" and held["session_ended"] is False
-                assert (answer["ended_by"], answer["returncode"]) == ("interrupted", 130), answer
-                assert answer["session_ended"] is False, answer
-                assert "KeyboardInterrupt" in answer["stdout"], answer  # started or not
-                follow = await start(client, queued, "print(x)", wait=60, session_resume=True)
-                assert (follow["stdout"], follow["returncode"]) == ("7\n", 0)
+    async with serving(**ONE_SLOT, max_sessions=4) as (evaluator, client):
+        loop = "import time\nwhile True:\n    time.sleep(0.05)"
+        for trial in range(3):
+            queued = f"queued{trial}"
+            for session in ("hold", queued):  # both live: the queued one's agent waits
+                assert (await start(client, session, "x = 7", wait=60))["returncode"] == 0
+            assert (await start(client, "hold", loop))["running"]
+            body = {"input": loop, "session": queued, "wait": 60}
+            waiting = asyncio.ensure_future(client.post("/eval", json=body))
+            with anyio.fail_after(60):
+                while evaluator._slots.waiting < 1:  # noqa: ASYNC110 - its own state
+                    await asyncio.sleep(0.01)
+            interrupt = await client.post(f"/sessions/{queued}/interrupt")
+            assert interrupt.status_code == 204, interrupt.text
+            assert (await client.post("/sessions/hold/interrupt")).status_code == 204
+            with anyio.fail_after(120):
+                answer = (await waiting).json()
+            _, held = await read_to_end(client, "hold")
+            assert held["ended_by"] == "interrupted" and held["session_ended"] is False
+            assert (answer["ended_by"], answer["returncode"]) == ("interrupted", 130), answer
+            assert answer["session_ended"] is False, answer
+            assert "KeyboardInterrupt" in answer["stdout"], answer  # started or not
+            follow = await start(client, queued, "print(x)", wait=60, session_resume=True)
+            assert (follow["stdout"], follow["returncode"]) == ("7\n", 0)
