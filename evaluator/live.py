@@ -10,16 +10,15 @@ status comes, and only the files it changed come back.
 A cell past its time limit is interrupted (KeyboardInterrupt, repeated); if it has not ended
 :data:`INTERRUPT_GRACE` seconds later, the interpreter is killed and the session ends. So does
 it past the output limit (as a one-shot run, 143) and when the interpreter dies (a memory kill,
-``os._exit``): the answer says so
-(``session_ended``), and the next run naming the id starts a new interpreter. Sessions also end
-after ``session_idle_timeout`` seconds without a run (looked for on a timer, not only when a
-request comes), when :meth:`LiveSessions.end` is asked, or to make room (``session_limit``):
-the longest idle session of the owner holding the most (``session_owner``, the new session
-counted; sessions without one count as one owner), so that a client flooding the service ends
-its own sessions before anyone else's. They are held in a :class:`serving.BoundedTable`, the
-rule both services share: a session whose cell runs is never ended to make room, nor when it
-expires; a new session that only busy ones could make room for is refused
-(:class:`.errors.SessionsFull`, a 503 "retry"), and nothing runs.
+``os._exit``): the answer says so (``session_ended``), and the next run naming the id starts a
+new interpreter. Sessions also end after ``session_idle_timeout`` seconds without a run (looked
+for on a timer, not only when a request comes), when :meth:`LiveSessions.end` is asked, or to
+make room (``session_limit``): the longest idle session of the owner holding the most
+(``session_owner``, the new session counted; sessions without one count as one owner), so that a
+client flooding the service ends its own sessions before anyone else's. They are held in a
+:class:`serving.BoundedTable`, the rule both services share: a session whose cell runs is never
+ended to make room, nor when it expires; a new session that only busy ones could make room for
+is refused (:class:`.errors.SessionsFull`, a 503 "retry"), and nothing runs.
 
 Between cells a session's processes are held (see :mod:`.idle`): at the least CPU weight of its
 cgroup, or, without a cpu controller, stopped; a cell gets them back running before its code
@@ -359,12 +358,13 @@ class LiveSessions:
     def _close(self, session: _Session) -> None:
         """End a session: its interpreter is killed at once, its sandbox disposed of once no
         cell runs in it (a running cell's run does that, seeing it killed)."""
+        if not session.lock.locked():
+            self._discard(session)  # kills it once: each kill reads its cgroup's processes
+            return
         if self._table.get(session.id) is session:
             self._table.pop(session.id)
         session.idle.release_now()
         session.sandbox.process.kill()
-        if not session.lock.locked():
-            self._discard(session)
 
     def _discard(self, session: _Session) -> None:
         if session.retired:
