@@ -93,8 +93,7 @@ def request() -> "list[str] | bytes | None":
     while first and (chunk := os.read(REQUEST_FD, 65536)):
         chunks.append(chunk)
     os.close(REQUEST_FD)
-    data = b"".join(chunks)
-    if not data.endswith(RELEASE):
+    if not (data := b"".join(chunks)).endswith(RELEASE):
         return None
     return [os.fsdecode(arg) for arg in data[: -len(RELEASE)].split(b"\0")[:-1]]
 
@@ -118,10 +117,8 @@ def run(args: "list[str]") -> "tuple[int, ModuleType]":
 
 def exit_status(code: object) -> int:
     """The status ``raise SystemExit(code)`` gives, its message printed as python prints it."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
+    if code is None or isinstance(code, int):
+        return code or 0
     try:
         sys.stderr.write(f"{code}\n")
     except Exception:
@@ -215,21 +212,23 @@ def serve_cells() -> None:
         if not payload:
             os._exit(0)
         args = [os.fsdecode(arg) for arg in payload.split(b"\0")[:-1]]
-        status = INTERRUPTED
+        status: int | None = None
         with guard:  # SIGINT is still ignored: nothing can skip this
             pending[0] -= 1
             running[0] = True
         try:  # from here on, an interrupt is the cell's
             signal.signal(signal.SIGINT, signal.default_int_handler)
             if interrupted[0]:  # asked for before it started
-                sys.stderr.write("KeyboardInterrupt: the interrupt came before the code started\n")
                 raise KeyboardInterrupt
             status = _run_cell(args, main)
             signal.signal(signal.SIGINT, _between_cells)  # in the try: see _between_cells
         except KeyboardInterrupt:
-            pass
+            if status is None:  # before the code ran, or as a traceback was printed
+                sys.stderr.write("KeyboardInterrupt\n")
+        # As python's exit status: sys.exit(-1) is 255 (and sys.exit(2**40) fits in 4 bytes).
+        status = INTERRUPTED if status is None else status & 0xFF
         if os.getpid() != agent:  # a child the cell forked, at the cell's end: it ends there
-            os._exit(status & 0xFF)
+            os._exit(status)
         _end_cell(signal, guard, running, interrupted)
         os.write(STATUS_FD, status.to_bytes(4, "big", signed=True))
 

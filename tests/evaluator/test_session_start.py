@@ -83,3 +83,38 @@ def test_a_last_cell_sent_with_the_end_runs_and_the_agent_exits() -> None:
         with os.fdopen(status_r, "rb") as status:
             assert status.read() == (0).to_bytes(4, "big")
         assert (agent.returncode, out, err) == (0, b"\x07last\n", b"")
+
+
+def test_a_cells_exit_status_is_pythons_and_any_keeps_the_session() -> None:
+    """``sys.exit(n)`` ends a cell with the status ``python -c`` would end with (``n`` modulo
+    256), whatever ``n``: one too large for the status pipe's four bytes once ended the
+    interpreter, and the session with it."""
+    cells_r, cells_w = os.pipe()
+    status_r, status_w = os.pipe()
+    agent = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            f'exec "$0" "$1" --session 5<&{cells_r} 6>&{status_w}',
+            sys.executable,
+            AGENT,
+        ],
+        pass_fds=(cells_r, status_w),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    os.close(cells_r)
+    os.close(status_w)
+    try:
+        statuses = []
+        for code in (-1, 300, 2**40, 3):
+            payload = f"-c\0import sys; sys.exit({code})\0".encode()
+            os.write(cells_w, b"c" + len(payload).to_bytes(4, "big") + payload)
+            statuses.append(int.from_bytes(os.read(status_r, 4), "big", signed=True))
+        os.close(cells_w)
+        out, _ = agent.communicate(timeout=60)
+    finally:
+        agent.kill()
+        os.close(status_r)
+    assert statuses == [255, 44, 0, 3]
+    assert (agent.returncode, out) == (0, b"\x07")
