@@ -69,8 +69,7 @@ class _Session:
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     retired: bool = False
-    #: Whether its interpreter has said it started (one started cold says so before its first
-    #: cell's output: see :meth:`LiveSessions._start_cold`).
+    #: Whether its interpreter said it started (a cold one: see :meth:`LiveSessions._start_cold`).
     started: bool = True
 
 
@@ -301,17 +300,18 @@ class LiveSessions:
             del self._starting[session_id]
 
     def _make_room(self, session_id: str, owner: str | None) -> None:
-        """End idle sessions until one more of ``owner`` fits (see the module).
+        """End idle sessions until one more of ``owner`` fits (see the module); each is killed
+        on the loop's next turn, once the new session's cell is sent: a kill waits out its
+        interpreter's teardown (tenths of a millisecond), which the new session need not.
 
         Raises:
             SessionsFull: the sessions that would have to end are all running a cell.
         """
         try:
             while (victim := self._table.to_close(owner)) is not None:
-                ended = self._table.get(victim)
-                assert ended is not None
+                ended = self._table.pop(victim)
                 log.info("live session of %s ended to make room: %s", ended.owner, victim)
-                self._close(ended)
+                asyncio.get_running_loop().call_soon(self._close, ended)
         except TableFull as full:
             raise SessionsFull(session_id, full.held) from None
 
