@@ -1,23 +1,20 @@
 """The warm agent: the interpreter of a sandbox made ahead of time, importing before the code.
 
-It is the command bwrap runs in a warm sandbox (``python <this file> <module>...``, the file
-bound read-only), with the run's isolation and limits from the start. It imports the modules it
-is given, its output sent to ``/dev/null`` (what they print is not the run's), writes
-:data:`WARM` on stdout, then blocks reading the run's arguments from fd 5 (NUL-terminated, then
-the release marker) as ``python`` would have received them: ``-c CODE [ARG...]`` or
-``SCRIPT.py [ARG...]``. It runs them as ``python`` would: a fresh ``__main__``, ``sys.argv``
-and ``sys.path[0]`` set the same way, an uncaught exception printed without this file's frame,
-the same exit statuses; then it ends as the interpreter's shutdown does, short of tearing the
-modules down (see :func:`finish`). EOF without the marker: the sandbox was not used, and it
-exits at once. The time limit starts when the arguments are written.
+bwrap runs it in a warm sandbox (``python <this file> <module>...``, the file bound read-only)
+with the run's isolation and limits from the start. It imports the modules it is given (their
+output sent to ``/dev/null``), writes :data:`WARM` on stdout, then blocks reading the run's
+arguments from fd 5 (NUL-terminated, then the release marker) as ``python`` would have received
+them: ``-c CODE [ARG...]`` or ``SCRIPT.py [ARG...]``. It runs them as ``python`` would (a fresh
+``__main__``, ``sys.argv`` and ``sys.path[0]`` set the same way, an uncaught exception printed
+without this file's frame, the same exit statuses), then ends as the interpreter's shutdown
+does, short of tearing the modules down (see :func:`finish`). EOF without the marker: the
+sandbox was not used, and it exits at once. The time limit starts when the arguments are written.
 
-``python <this file> --session <module>...`` is the interpreter of a session (see
-:func:`serve_cells`): it runs cell after cell in one ``__main__``, each framed on fd 5, and
-says how each ended on fd 6, until fd 5 is closed. A warm agent becomes one when it is handed
-:data:`SESSION` instead of a run's arguments.
+``python <this file> --session <module>...`` is a session's interpreter (:func:`serve_cells`):
+cell after cell in one ``__main__``, each framed on fd 5, how each ended said on fd 6, until fd
+5 is closed. A warm agent becomes one when handed :data:`SESSION` instead of a run's arguments.
 
-Standard library only, and nothing of the evaluator: the sandbox's interpreter may be another
-Python than the service's.
+Standard library only, nothing of the evaluator: the sandbox's Python may not be the service's.
 """
 
 # contextlib is not loaded at interpreter startup: the agent imports only what it must.
@@ -117,8 +114,8 @@ def run(args: "list[str]") -> "tuple[int, ModuleType]":
 
 def exit_status(code: object) -> int:
     """The status ``raise SystemExit(code)`` gives, its message printed as python prints it."""
-    if code is None or isinstance(code, int):
-        return code or 0
+    if code is None or isinstance(code, int):  # as python's exit status: -1 is 255
+        return 0 if code is None else int.__and__(code, 0xFF)
     try:
         sys.stderr.write(f"{code}\n")
     except Exception:
@@ -130,8 +127,8 @@ def finish(status: int, main: "ModuleType") -> None:
     """End as the interpreter's shutdown would, without tearing the imported modules down:
     python waits for the non-daemon threads, runs the atexit functions and flushes the standard
     streams, then frees every module, which takes hundreds of milliseconds once pandas and
-    matplotlib are loaded. The code's own objects are freed (their files flushed and closed)
-    by clearing its ``__main__``; the modules are left to the kernel."""
+    matplotlib are loaded. The code's own objects are freed (their files flushed and closed) by
+    clearing its ``__main__``; the modules are left to the kernel."""
     shutdown = getattr(sys.modules.get("threading"), "_shutdown", None)
     if shutdown is not None:
         try:
@@ -159,13 +156,12 @@ def finish(status: int, main: "ModuleType") -> None:
 
 
 def serve_cells() -> None:
-    """Run cells, each in the same ``__main__``, until fd 5 is closed; then exit.
+    """Run cells in one ``__main__`` until fd 5 is closed; then exit.
 
-    A thread reads fd 5: a cell is handed to the main thread, which runs it as :func:`run`
-    would (``sys.exit()`` ends the cell with its status, not the interpreter) and writes its
-    status on fd 6; an interrupt while a cell runs is a SIGINT to the main thread, so that even
-    a ``time.sleep`` ends with KeyboardInterrupt. ``sys._mcp_session`` tells the prelude it
-    runs in a session (it then keeps the namespace and ends a cell, not the process).
+    A thread reads fd 5 and hands each cell to the main thread, which runs it as :func:`run`
+    would (``sys.exit()`` ends the cell, not the interpreter) and writes its status on fd 6. An
+    interrupt is a SIGINT to the main thread: even a ``time.sleep`` ends in KeyboardInterrupt.
+    ``sys._mcp_session`` tells the prelude it runs in a session (it keeps the namespace).
     """
     import _queue
     import _signal as signal  # type: ignore[import-not-found]  # C half: no enum (~10 ms)
@@ -192,9 +188,8 @@ def serve_cells() -> None:
                     pending[0] += 1
                 cells.put(payload)
             elif head[:1] == INTERRUPT:
-                # Again until the cell ends: one KeyboardInterrupt can be swallowed (by an
-                # ``except BaseException``, or by a callback that only reports it, as those
-                # that run around os.fork do); the service kills the interpreter after its grace.
+                # Again until the cell ends: code (or os.fork's callbacks) may swallow one
+                # KeyboardInterrupt; the service kills the interpreter after its grace.
                 while True:
                     with guard:
                         if not running[0] and not pending[0]:
@@ -213,42 +208,44 @@ def serve_cells() -> None:
             os._exit(0)
         args = [os.fsdecode(arg) for arg in payload.split(b"\0")[:-1]]
         status: int | None = None
-        with guard:  # SIGINT is still ignored: nothing can skip this
+        with guard:  # SIGINT is still the no-op's: nothing can skip this
             pending[0] -= 1
             running[0] = True
-        try:  # from here on, an interrupt is the cell's
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            if interrupted[0]:  # asked for before it started
-                raise KeyboardInterrupt
-            status = _run_cell(args, main)
-            signal.signal(signal.SIGINT, _between_cells)  # in the try: see _between_cells
+        try:
+            try:  # from here on, an interrupt is the cell's
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                if interrupted[0]:  # asked for before it started
+                    raise KeyboardInterrupt
+                status = _run_cell(args, main)
+            finally:  # a SIGINT sent as the cell ended meets the no-op, not python's handler
+                signal.signal(signal.SIGINT, _between_cells)
         except KeyboardInterrupt:
-            if status is None:  # before the code ran, or as a traceback was printed
-                sys.stderr.write("KeyboardInterrupt\n")
-        # As python's exit status: sys.exit(-1) is 255 (and sys.exit(2**40) fits in 4 bytes).
-        status = INTERRUPTED if status is None else status & 0xFF
+            pass
         if os.getpid() != agent:  # a child the cell forked, at the cell's end: it ends there
-            os._exit(status)
-        _end_cell(signal, guard, running, interrupted)
+            os._exit(INTERRUPTED if status is None else status)
+        status = _end_cell(signal, guard, (running, interrupted), status)
         os.write(STATUS_FD, status.to_bytes(4, "big", signed=True))
 
 
 def _end_cell(
-    signal: "ModuleType", guard: "LockType", running: "list[bool]", interrupted: "list[bool]"
-) -> None:
+    signal: "ModuleType", guard: "LockType", flags: "tuple[list[bool], ...]", status: "int | None"
+) -> int:
     """After a cell: no more interrupts; if it was interrupted (at the time limit), what it
     started goes too (a fork bomb): SIGKILL to every other process of the sandbox but its init
-    (kill(-1) spares those two), this one's children reaped; the standard streams flushed."""
+    (kill(-1) spares those two), this one's children reaped; streams flushed. Its status: one
+    ended before its code ran (``None``) is INTERRUPTED, said in one line."""
     import time
 
-    while True:  # the cell ended by a KeyboardInterrupt: the next must not end the interpreter
+    running, interrupted = flags
+
+    while True:  # should the cell's own switch have met a KeyboardInterrupt: again
         try:
             signal.signal(signal.SIGINT, _between_cells)
             with guard:
                 running[0] = False
             break
         except KeyboardInterrupt:
-            continue
+            pass
     if interrupted[0]:
         interrupted[0] = False
         try:
@@ -263,17 +260,21 @@ def _end_cell(
                 break
             if pid == 0:
                 time.sleep(0.01)
+    if status is None:  # no traceback of the code says so
+        try:
+            sys.stderr.write("KeyboardInterrupt\n")
+        except Exception:  # the code's own stderr, or none
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BaseException:
             pass
+    return INTERRUPTED if status is None else status
 
 
 def _between_cells(signum: int, frame: object) -> None:
-    """SIGINT between a session's cells: nothing. Set as a cell's last step in its ``try``: a
-    SIGINT sent as the cell ended is handled there or here, not by python's handler once the
-    ``try`` is left, which would end the interpreter. (SIG_IGN would report that SIGINT.)"""
+    """SIGINT between cells: nothing (SIG_IGN would print "Signal 2 ignored due to race")."""
 
 
 def _quiet_fork_warning() -> None:

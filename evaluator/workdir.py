@@ -273,9 +273,9 @@ class Workdir:
 
     def holds_nothing(self) -> bool:
         """Whether :meth:`collect` and :meth:`snapshot` would find nothing: no entry but a few
-        named ``.*`` (the run's temporary directory), which they never enter. Judged from the
-        first entries read, however many there are: cheap enough for the event loop, where a
-        thread's hop would cost more."""
+        named ``.*`` (the run's ``.tmp``, matplotlib's ``.config``), which they never enter.
+        Judged from the first entries read, however many there are: cheap enough for the event
+        loop, where a thread's hop would cost more."""
         root_fd = self._open()
         try:
             with os.scandir(root_fd) as entries:

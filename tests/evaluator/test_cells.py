@@ -27,7 +27,7 @@ ONE_SLOT: dict[str, Any] = {"concurrency": 1, "max_queue": 8, "time_limit": TIME
 @contextlib.asynccontextmanager
 async def serving(**settings: Any) -> AsyncIterator[tuple[Evaluator, httpx.AsyncClient]]:
     """An evaluator of its own (``settings``, nothing imported ahead) and a client of its API."""
-    async with Evaluator(config(preimport=(), **settings)) as evaluator:
+    async with Evaluator(config(**{"preimport": (), **settings})) as evaluator:
         transport = httpx.ASGITransport(create_app(evaluator))
         async with httpx.AsyncClient(
             transport=transport, base_url="http://evaluator", timeout=120

@@ -135,8 +135,10 @@ def test_a_directory_holds_nothing_to_collect_only_with_a_few_hidden_entries(
     (tmp_path / "_private").write_text("not returned, but not hidden either")
     assert not workdir.holds_nothing()
     (tmp_path / "_private").unlink()
-    for n in range(8):
+    for n in range(3):
         (tmp_path / f".hidden{n}").touch()
+    assert workdir.holds_nothing()
+    (tmp_path / ".one_too_many").touch()
     assert not workdir.holds_nothing()
 
 
