@@ -106,6 +106,7 @@ async def test_main_argv_and_path_are_those_of_a_cold_run(evaluator: Evaluator) 
         ("import sys; sys.exit('bye')", 1, "bye\n"),
         ("import sys; sys.exit(None)", 0, ""),
         ("import sys; sys.exit(256 + 7)", 7, ""),
+        ("import sys; sys.exit(-2)", 254, ""),  # not the agent's own "killed by SIGINT"
         ("raise KeyboardInterrupt", 130, "KeyboardInterrupt"),
         ("x = (", 1, "SyntaxError: '(' was never closed\n"),
     ],
