@@ -134,8 +134,8 @@ class Dispatcher:
         written: dict[str, int] = {}
         if await self._pool.ready(sandbox):
             try:
-                if request.files:  # else no thread to hop to
-                    written = await asyncio.to_thread(sandbox.workdir.write_files, request.files)
+                if request.files:
+                    written = await sandbox.workdir.write_in(request.files)
             except WriteError as exc:
                 return EvalResult(str(exc), None)
         time_limit = (

@@ -226,7 +226,7 @@ class LiveSessions:
             if not workdir.holds_nothing():
                 before = await asyncio.to_thread(workdir.snapshot, timeout=parse)
             if request.files:
-                written = await asyncio.to_thread(workdir.write_files, request.files)
+                written = await workdir.write_in(request.files)
         except WriteError as exc:
             return EvalResult(str(exc), None, session_ended=False)
         outcome = await session.sandbox.process.run_cell(

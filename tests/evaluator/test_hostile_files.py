@@ -9,6 +9,7 @@ itself back the permissions.)
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shutil
@@ -17,8 +18,9 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import httpx
@@ -31,6 +33,8 @@ from snekbox_client import File
 
 from .conftest import b64, run
 from .lockouts import LOCKOUTS, code, directories_marked
+
+T = TypeVar("T")
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, a second uid)")
 #: A host user of a run: none of the machine's, like the ones the evaluator gives runs.
@@ -140,6 +144,32 @@ def test_a_directory_holds_nothing_to_collect_only_with_a_few_hidden_entries(
     assert workdir.holds_nothing()
     (tmp_path / ".one_too_many").touch()
     assert not workdir.holds_nothing()
+
+
+async def test_a_few_small_files_are_written_without_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's two prelude files are written on the event loop; more, or larger, files
+    in a worker thread. Either way the same files land."""
+    hops: list[object] = []
+    to_thread = asyncio.to_thread
+
+    async def counted(function: Callable[..., T], *args: object) -> T:
+        hops.append(function)
+        return await to_thread(function, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    workdir = Workdir(tmp_path, False, 0)
+    small = [File(f"s{n}.txt", b"x" * 4096) for n in range(4)]
+    assert set(await workdir.write_in(small)) == {f"s{n}.txt" for n in range(4)}
+    assert hops == []
+    large = [File("big.bin", b"y" * (16 * 1024 + 1))]
+    many = [File(f"m{n}.txt", b"z") for n in range(5)]
+    for files in (large, many):
+        assert set(await workdir.write_in(files)) == {file.path for file in files}
+    assert len(hops) == 2
+    assert (tmp_path / "big.bin").stat().st_size == 16 * 1024 + 1
+    assert (tmp_path / "s3.txt").read_bytes() == b"x" * 4096
 
 
 @root_only
