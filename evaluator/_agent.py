@@ -1,14 +1,14 @@
 """The warm agent: the interpreter of a sandbox made ahead of time, importing before the code.
 
 bwrap runs it in a warm sandbox (``python <this file> <module>...``, the file bound read-only)
-with the run's isolation and limits from the start. It imports the modules it is given (their
-output sent to ``/dev/null``), writes :data:`WARM` on stdout, then blocks reading the run's
-arguments from fd 5 (NUL-terminated, then the release marker) as ``python`` would have received
-them: ``-c CODE [ARG...]`` or ``SCRIPT.py [ARG...]``. It runs them as ``python`` would (a fresh
-``__main__``, ``sys.argv`` and ``sys.path[0]`` set the same way, an uncaught exception printed
-without this file's frame, the same exit statuses), then ends as the interpreter's shutdown
-does, short of tearing the modules down (see :func:`finish`). EOF without the marker: the
-sandbox was not used, and it exits at once. The time limit starts when the arguments are written.
+with the run's isolation and limits from the start. It imports the modules it is given and runs
+the files among them (absolute paths), output sent to ``/dev/null``, writes :data:`WARM` on
+stdout, then blocks reading the run's arguments from fd 5 (NUL-terminated, then the release
+marker) as ``python`` would have received them: ``-c CODE [ARG...]`` or ``SCRIPT.py [ARG...]``.
+It runs them as ``python`` would (a fresh ``__main__``, ``sys.argv`` and ``sys.path[0]`` set the
+same way, an uncaught exception printed without this file's frame, the same exit statuses), then
+ends as the interpreter's shutdown does, short of tearing the modules down (see :func:`finish`).
+EOF without the marker: the sandbox was not used; it exits. The time limit starts at the write.
 
 ``python <this file> --session <module>...`` is a session's interpreter (:func:`serve_cells`):
 cell after cell in one ``__main__``, each framed on fd 5, how each ended said on fd 6, until fd
@@ -28,12 +28,9 @@ if TYPE_CHECKING:
     from _thread import LockType
     from types import ModuleType
 
-WARM = b"\x07"
-RELEASE = b"\xffrun\xff"
-REQUEST_FD = 5
+WARM, RELEASE, REQUEST_FD = b"\x07", b"\xffrun\xff", 5
 # A session's frames on fd 5: a kind, the payload's length (4 bytes, big-endian), the payload.
-CELL = b"c"
-INTERRUPT = b"i"
+CELL, INTERRUPT = b"c", b"i"
 #: Where a session's interpreter writes each cell's status (4 bytes, big-endian, signed).
 STATUS_FD = 6
 #: The status of a cell that ended by an uncaught KeyboardInterrupt, as a shell reports SIGINT.
@@ -48,7 +45,8 @@ PACKAGES = "/opt/packages"
 
 
 def warm(names: "list[str]") -> None:
-    """Import ``names``, silenced; one that fails to import is left for the code to meet."""
+    """Import ``names``, or run those that are paths, silenced; one that fails is left for the
+    code to meet."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -60,6 +58,10 @@ def warm(names: "list[str]") -> None:
         compile("", "<warm>", "exec")
         for name in names:
             try:
+                if name.startswith("/"):
+                    with open(name, "rb") as file:
+                        exec(compile(file.read(), name, "exec"), {"__file__": name})
+                    continue
                 if name.split(".")[0] == "matplotlib" and "matplotlib" not in sys.modules:
                     # No display in a sandbox: what a headless interpreter would resolve to,
                     # chosen before pyplot could look for another.
@@ -325,11 +327,8 @@ def add_packages() -> None:
         names = sorted(os.listdir(PACKAGES))
     except OSError:
         return
-    added = [
-        path
-        for name in names
-        if not name.startswith(".") and (path := f"{PACKAGES}/{name}") not in sys.path
-    ]
+    added = [f"{PACKAGES}/{name}" for name in names if not name.startswith(".")]
+    added = [path for path in added if path not in sys.path]
     for path in added:
         sys.path.insert(1, path)
         try:

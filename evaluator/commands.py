@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from plotting import RESIDENT_DIR, prelude_digest
+from plotting import RESIDENT_DIR, WARM_PATH, prelude_digest
 from snekbox_client import EvalRequest
 
 from .config import EvaluatorConfig
@@ -136,15 +136,20 @@ class CommandLines:
         )
 
     def agent_argv(self, workdir: Workdir, *, imports: bool = True) -> list[str]:
-        """bwrap's command line of a warm sandbox: the agent, with the modules it imports."""
+        """bwrap's command line of a warm sandbox: the agent, with the modules it imports, and
+        the script loading the resident prelude ahead (``plotting.WARM_PATH``), if one is."""
         executable = self._config.executable
         host, agent = self._agent(executable)
-        command = [executable, agent, *(self._config.preimport if imports else ())]
+        ahead = [
+            *(self._config.preimport if imports else ()),
+            *([WARM_PATH] if self._resident else []),
+        ]
+        command = [executable, agent, *ahead]
         return self.argv(command, workdir, self._agent_binds(workdir, host, agent))
 
     def started_argv(self, workdir: Workdir) -> list[str]:
         """bwrap's command line of a started sandbox (see :mod:`.pool`): the agent, importing
-        nothing."""
+        nothing (the resident prelude is loaded: a few milliseconds)."""
         return self.agent_argv(workdir, imports=False)
 
     def session_argv(self, sandbox: Sandbox, executable: str) -> list[str]:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from snekbox_client import EvalRequest, EvalResult, File
 
-from ._bundle import RESIDENT_DIR
+from ._bundle import RESIDENT_DIR, WARM_PATH
 from ._bundle import Parts as _Parts
 from ._bundle import write_resident as _write_resident
 from ._figures import FIGURE_DPI, FIGURE_MAX_PIXELS, PARTIAL_SUFFIX
@@ -59,6 +59,7 @@ __all__ = [
     "PNG_SIGNATURE",
     "PRELUDE_NAME",
     "RESIDENT_DIR",
+    "WARM_PATH",
     "Manifest",
     "ReturnedFiles",
     "build_request",

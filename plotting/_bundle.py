@@ -20,6 +20,8 @@ from types import CodeType
 #: In the real Snekbox's user base, which its NsJail configuration binds; the built-in evaluator
 #: binds its own directory there.
 RESIDENT_DIR = "/snekbox/user_base/share/mcp-prelude"
+#: Beside the resident preludes: what a warm sandbox's interpreter runs to load its own ahead.
+WARM_PATH = f"{RESIDENT_DIR}/warm.py"
 
 #: The support module's parts, each after those it imports, and the module itself last (named
 #: ``""`` in the bundle): see ``_support.py``.
@@ -71,17 +73,27 @@ def resident_path(digest: bytes, magic: bytes) -> str:
 
 def write_resident(directory: str, parts: Parts | None = None) -> str:
     """Write this interpreter's resident prelude (``parts``, else compiled now) into
-    ``directory``: a whole bundle without code, named as :func:`resident_path` names it there.
-    Returns its path."""
+    ``directory``: a whole bundle without code, named as :func:`resident_path` names it there,
+    and the script that loads it ahead (``_warm.py``, as :data:`WARM_PATH`). Returns the
+    prelude's path."""
     parts = parts or Parts()
     name = os.path.basename(resident_path(parts.digest, parts.magic))
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name)
+    _write_readable(path, parts.head(b"") + parts.tail)
+    _write_readable(
+        os.path.join(directory, os.path.basename(WARM_PATH)), (_HERE / "_warm.py").read_bytes()
+    )
+    return path
+
+
+def _write_readable(path: str, data: bytes) -> None:
+    """Write ``data`` as ``path``, readable by all, whole or not at all (a sandbox may be
+    reading the file it replaces)."""
     with open(path + ".part", "wb") as file:
-        file.write(parts.head(b"") + parts.tail)
+        file.write(data)
     os.chmod(path + ".part", 0o644)
     os.replace(path + ".part", path)
-    return path
 
 
 def _without_docstring(source: bytes) -> bytes:

@@ -80,6 +80,22 @@ _configured = False
 _digest = b""
 # Whether this run's code was started (an interrupt came in the prelude's work before or after).
 _code_started = False
+# Whether a warm sandbox loaded this prelude before its first run (see warm()).
+_loaded_ahead = False
+
+
+def warm(head: "tuple[bytes, bytes, bytes, bytes, int, bytes]", bundle: bytes) -> None:
+    """Make the support module ahead of the first run, from the resident ``bundle`` (``head``,
+    its head), and keep this prelude where a run's first file finds it (``sys._mcp_prelude``).
+
+    A warm sandbox's interpreter runs this before any code (``_warm.py``), so that a session's
+    first cell, or a run, skips loading both, as a session's later cells do.
+    """
+    global _bundle, _tail_size, _support_compiled, _digest, _support_module, _loaded_ahead
+    _bundle, _tail_size, _support_compiled, _digest = bundle, head[4], True, head[5]
+    _support_module = _made_support()
+    _loaded_ahead = True
+    sys._mcp_prelude = globals()  # type: ignore[attr-defined]
 
 
 def main(
@@ -327,37 +343,7 @@ def _support() -> "ModuleType":
     """The support module, made on first use."""
     global _support_module, _configured
     if _support_module is None:
-        # A session's earlier cell made it: its figures' backend and counters go on.
-        module = sys.modules.get("_mcp_support") if _session else None
-        if module is None:
-            if not _tail_size:
-                raise RuntimeError("the gateway's support module was removed from this session")
-            # Its parts and itself from the bundle's tail: (name, code) pairs (or (name, source),
-            # for an interpreter with another bytecode format than the gateway's), each part
-            # after those it imports, the module itself (name "") last.
-            module = type(sys)("_mcp_support")
-            module.__path__ = []  # a package: its parts import one another relatively
-            sys.modules["_mcp_support"] = module
-            try:
-                import zlib
-
-                tail = marshal.loads(_bundle[-_tail_size:])
-                parts = marshal.loads(zlib.decompress(tail[0 if _support_compiled else 1]))
-                for name, item in parts:
-                    part = type(sys)("_mcp_support." + name) if name else module
-                    part.__package__ = "_mcp_support"
-                    if name:
-                        sys.modules[part.__name__] = part
-                        setattr(module, name, part)
-                    if not _support_compiled:
-                        item = compile(item, "<mcp-support>", "exec", dont_inherit=True)
-                    exec(item, vars(part))
-            except BaseException:
-                # Half made (an interrupt): a session's later cells would find it as it is.
-                for name in [name for name in sys.modules if name.startswith("_mcp_support")]:
-                    del sys.modules[name]
-                raise
-        _support_module = module
+        _support_module = _made_support()
     if not _configured:
         _support_module.configure(
             workdir=_workdir,
@@ -368,3 +354,40 @@ def _support() -> "ModuleType":
         )
         _configured = True
     return _support_module
+
+
+def _made_support() -> "ModuleType":
+    """The support module a session's earlier cell made, if this prelude (its digest) made
+    it: its figures' backend and counters go on. Else one made from the bundle's tail."""
+    module = sys.modules.get("_mcp_support") if _session else None
+    if module is not None and getattr(module, "_mcp_digest", None) == _digest:
+        return module
+    if not _tail_size:
+        raise RuntimeError("the gateway's support module was removed from this session")
+    # Its parts and itself from the bundle's tail: (name, code) pairs (or (name, source), for
+    # an interpreter with another bytecode format than the gateway's), each part after those
+    # it imports, the module itself (name "") last.
+    module = type(sys)("_mcp_support")
+    module.__path__ = []  # a package: its parts import one another relatively
+    module._mcp_digest = _digest  # type: ignore[attr-defined]
+    sys.modules["_mcp_support"] = module
+    try:
+        import zlib
+
+        tail = marshal.loads(_bundle[-_tail_size:])
+        parts = marshal.loads(zlib.decompress(tail[0 if _support_compiled else 1]))
+        for name, item in parts:
+            part = type(sys)("_mcp_support." + name) if name else module
+            part.__package__ = "_mcp_support"
+            if name:
+                sys.modules[part.__name__] = part
+                setattr(module, name, part)
+            if not _support_compiled:
+                item = compile(item, "<mcp-support>", "exec", dont_inherit=True)
+            exec(item, vars(part))
+    except BaseException:
+        # Half made (an interrupt): a session's later cells would find it as it is.
+        for name in [name for name in sys.modules if name.startswith("_mcp_support")]:
+            del sys.modules[name]
+        raise
+    return module

@@ -45,8 +45,11 @@ GATEWAY_MODULES_NAMING_THE_EVALUATOR = frozenset(
 #: besides the standard library: matplotlib, whose figures they capture (loaded only when the
 #: user's code has imported it).
 SANDBOX_MAY_IMPORT = frozenset({"matplotlib"})
-#: What the evaluator takes of plotting: it keeps the prelude resident for the gateway's runs.
-EVALUATOR_TAKES_OF_PLOTTING = frozenset({"RESIDENT_DIR", "prelude_digest", "write_resident"})
+#: What the evaluator takes of plotting: it keeps the prelude resident for the gateway's runs,
+#: and its warm sandboxes load it ahead.
+EVALUATOR_TAKES_OF_PLOTTING = frozenset(
+    {"RESIDENT_DIR", "WARM_PATH", "prelude_digest", "write_resident"}
+)
 #: plotting's own ``__init__`` runs in the gateway (it builds the request): the wire format too.
 PLOTTING_HOST_MAY_IMPORT = frozenset({"snekbox_client"})
 

@@ -9,15 +9,18 @@ that slower) and checks which kind of sandbox ran the code.
 from __future__ import annotations
 
 import asyncio
+import marshal
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
+import plotting
 from evaluator import Evaluator, pool, startup, warming
 from evaluator.cgroups import Cgroups
 from evaluator.config import EvaluatorConfig, MiB
@@ -207,6 +210,37 @@ async def test_a_figure_saves_through_the_preimported_pyplot(evaluator: Evaluato
     assert result.returncode == 0, result.stdout
     (png,) = result.files
     assert png.content.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+async def session_cell(evaluator: Evaluator, request: EvalRequest, session: str) -> EvalResult:
+    """``request`` as a cell of ``session``, which a warm sandbox starts (checked)."""
+    await until_warm(evaluator)
+    taken = evaluator.warm_runs
+    result = await evaluator.run(replace(request, session=session))
+    assert evaluator.warm_runs == taken + 1, "the session did not take a warm sandbox"
+    return result
+
+
+async def test_a_warm_sandbox_has_loaded_the_resident_prelude_ahead(evaluator: Evaluator) -> None:
+    """A warm interpreter loads the prelude the evaluator keeps resident, and its support module,
+    before any run, so that a session's first cell loads nothing, as its later cells; it draws,
+    keeps its names and shows a value as any first cell. A first cell that carries another
+    prelude whole (another gateway's) makes its own support module, not the one loaded ahead."""
+    code = "import sys, matplotlib.pyplot as plt\nplt.plot([1, 2])\nx = 3\n"
+    code += "sys._mcp_prelude['_loaded_ahead']"
+    first = await session_cell(evaluator, plotting.build_request(code, resident=True), "ahead")
+    assert first.stdout == "True\n", first
+    assert [f.path for f in plotting.sort_files(first.files).figures] == ["figure_001.png"]
+    later = plotting.build_request("x + 1", later_cell=True)
+    assert (await evaluator.run(replace(later, session="ahead"))).stdout == "4\n"
+    shown = "import sys\nsys.modules['_mcp_support']._mcp_digest.hex()"
+    boot, bundle = plotting.build_request(shown).files
+    fields = marshal.loads(bundle.content)
+    head = marshal.dumps((*fields[:5], bytes(16)), 4)
+    other = head + b"\0" * (-len(head) % 3) + bundle.content[-fields[4] :]
+    request = EvalRequest(args=[boot.path], files=[boot, File(bundle.path, other)])
+    own = await session_cell(evaluator, request, "other")
+    assert own.stdout == f"'{bytes(16).hex()}'\n", own
 
 
 async def test_warming_that_fails_turns_itself_off_and_runs_go_on() -> None:

@@ -43,6 +43,7 @@ def test_exported_members() -> None:
         "LOST_FIGURE_PATTERN",
         "MANIFEST_MAX_BYTES",
         "MANIFEST_NAME",
+        "WARM_PATH",
         "PNG_SIGNATURE",
         "PRELUDE_NAME",
         "RESIDENT_DIR",

@@ -39,7 +39,8 @@ def test_a_run_without_the_prelude_runs_the_resident_one(tmp_path: Path) -> None
     written = subprocess.run(
         [sys.executable, "-I", str(script), str(resident)], capture_output=True, check=True
     ).stdout.decode()
-    [name] = os.listdir(resident)
+    [name] = [name for name in os.listdir(resident) if name.endswith(".bin")]
+    assert sorted(os.listdir(resident)) == sorted([name, os.path.basename(plotting.WARM_PATH)])
     assert written.strip() == str(resident / name)
     _, bundle = plotting.prelude_files(b"", resident=True)
     digest = marshal.loads(bundle.content)[5]
@@ -63,3 +64,31 @@ def test_a_prelude_the_service_does_not_keep_ends_the_run_before_the_code(tmp_pa
     assert run.returncode == 121
     assert prelude_missing(EvalResult(stdout=run.output, returncode=run.returncode))
     assert "ran" not in run.files()
+
+
+#: Runs the resident directory's warm.py as a warm sandbox's agent does, then says what it left.
+WARMED = (
+    "import sys\n"
+    "path = sys.argv[1]\n"
+    "exec(compile(open(path, 'rb').read(), path, 'exec'), {'__file__': path})\n"
+    "prelude, modules = getattr(sys, '_mcp_prelude', {}), sys.modules\n"
+    "print(prelude.get('_loaded_ahead'), '_mcp_support' in modules, 'matplotlib' in modules)"
+)
+
+
+def test_a_warm_interpreter_loads_the_resident_prelude_of_its_bytecode_ahead(
+    tmp_path: Path,
+) -> None:
+    """``warm.py`` loads the prelude kept for this interpreter's bytecode and makes its support
+    module, importing nothing else; kept for another bytecode only, it loads nothing."""
+    path = Path(write_resident(str(tmp_path)))
+    warm = str(tmp_path / os.path.basename(plotting.WARM_PATH))
+
+    def warmed() -> str:
+        ran = subprocess.run([sys.executable, "-I", "-c", WARMED, warm], capture_output=True)
+        assert ran.returncode == 0, ran.stderr
+        return ran.stdout.decode()
+
+    assert warmed() == "True True False\n"
+    path.rename(path.with_name(path.name.replace(importlib.util.MAGIC_NUMBER.hex(), "00000000")))
+    assert warmed() == "None False False\n"
