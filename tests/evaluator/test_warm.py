@@ -212,6 +212,19 @@ async def test_a_figure_saves_through_the_preimported_pyplot(evaluator: Evaluato
     assert png.content.startswith(b"\x89PNG\r\n\x1a\n")
 
 
+async def test_what_the_warm_agent_imported_is_out_of_the_collectors_reach(
+    evaluator: Evaluator,
+) -> None:
+    """The warm agent freezes what its imports made (``gc.freeze()``), so that a full collection
+    in the code, tens of milliseconds over all of pandas and matplotlib, skips it; what the code
+    itself makes is collected as ever."""
+    code = (
+        "import gc\nclass C: pass\nc = C(); c.me = c; del c\n"
+        "print(gc.get_freeze_count() > 10_000, gc.collect() > 0)"
+    )
+    assert (await warm_run(evaluator, "-c", code)).stdout == "True True\n"
+
+
 async def session_cell(evaluator: Evaluator, request: EvalRequest, session: str) -> EvalResult:
     """``request`` as a cell of ``session``, which a warm sandbox starts (checked)."""
     await until_warm(evaluator)
