@@ -189,14 +189,17 @@ class Workdir:
 
     async def write_in(self, files: Sequence[File]) -> dict[str, int]:
         """:meth:`write_files`, on the event loop when the files are few and small (a worker
-        thread's hop costs more than their writes, which nothing the code planted can block),
-        else in a worker thread."""
+        thread's hop costs more than their writes), else in a worker thread; in a thread too
+        when a large file the code left is in the way (truncating it takes time)."""
         size = sum(len(file.content) for file in files)
         if len(files) <= _INLINE_FILES and size <= _INLINE_BYTES:
-            return self.write_files(files)
+            try:
+                return self.write_files(files, largest=_INLINE_BYTES)
+            except BlockingIOError:
+                pass
         return await asyncio.to_thread(self.write_files, files)
 
-    def write_files(self, files: Iterable[File]) -> dict[str, int]:
+    def write_files(self, files: Iterable[File], *, largest: int | None = None) -> dict[str, int]:
         """Write the request's files; return their mtimes (ns) to spot unmodified ones later.
 
         In a session the code has had the directory to itself: any name may be a symlink, a FIFO
@@ -204,10 +207,13 @@ class Workdir:
         through descriptors that never follow a symlink: each directory on the way is opened
         ``O_NOFOLLOW``, the file is opened ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO cannot block this
         thread) and must be a regular file, and its mode and owner are set on that descriptor.
+        ``largest``: the most bytes a file already at one of the paths may hold.
 
         Raises:
             WriteError: a file could not be created (no space left, or its path is taken by
                 something that is not a directory or a regular file).
+            BlockingIOError: a file there holds more than ``largest`` bytes (the files before
+                it were written).
         """
         written: dict[str, int] = {}
         files = list(files)
@@ -225,8 +231,10 @@ class Workdir:
                         raise IsADirectoryError(errno.EISDIR, "not a file path", str(target))
                     relative = target.relative_to(self.access)
                     written[str(relative)] = write_beneath(
-                        root_fd, relative.parts, file.content, self.owner
+                        root_fd, relative.parts, file.content, self.owner, largest
                     )
+                except BlockingIOError:
+                    raise
                 except OSError as exc:
                     raise _write_error(exc, file) from exc
         finally:

@@ -150,7 +150,8 @@ async def test_a_few_small_files_are_written_without_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The gateway's two prelude files are written on the event loop; more, or larger, files
-    in a worker thread. Either way the same files land."""
+    in a worker thread, and so are small ones that would replace a large file. Either way the
+    same files land."""
     hops: list[object] = []
     to_thread = asyncio.to_thread
 
@@ -170,6 +171,10 @@ async def test_a_few_small_files_are_written_without_a_thread(
     assert len(hops) == 2
     assert (tmp_path / "big.bin").stat().st_size == 16 * 1024 + 1
     assert (tmp_path / "s3.txt").read_bytes() == b"x" * 4096
+    # A large file the code left where a small one goes: truncating it could take long.
+    assert set(await workdir.write_in([File("big.bin", b"small")])) == {"big.bin"}
+    assert len(hops) == 3
+    assert (tmp_path / "big.bin").read_bytes() == b"small"
 
 
 @root_only
