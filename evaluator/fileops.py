@@ -91,22 +91,16 @@ def reopen_repaired(
 
 
 def write_beneath(
-    root_fd: int,
-    parts: tuple[str, ...],
-    content: bytes,
-    owner: tuple[int, int] | None,
-    largest: int | None = None,
+    root_fd: int, parts: tuple[str, ...], content: bytes, owner: tuple[int, int] | None
 ) -> int:
     """Write ``content`` to the file ``parts`` below ``root_fd``, making its directories;
     return its mtime (ns).
 
     The file gets mode 0777 and, with its new directories, ``owner`` (a host ``(uid, gid)``).
-    ``largest``: the most bytes a file already there may hold (freeing them takes time).
 
     Raises:
         OSError: it cannot be written; ``FileExistsError`` when its path is taken by something
-            that is not a directory or a regular file; ``BlockingIOError`` when the file there
-            holds more than ``largest`` bytes (nothing was written to it).
+            that is not a directory or a regular file.
     """
     *dirs, name = parts
     fds: list[int] = []
@@ -125,11 +119,8 @@ def write_beneath(
         except PermissionError:
             fd = reopen_repaired(name, dir_fd, stat.S_ISREG, 0o200, flags)
         fds.append(fd)
-        found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise FileExistsError(errno.EEXIST, "not a regular file", name)
-        if largest is not None and found.st_size > largest:
-            raise BlockingIOError(errno.EAGAIN, "a large file is there", name)
         os.ftruncate(fd, 0)
         view = memoryview(content)
         while view:

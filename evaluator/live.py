@@ -213,8 +213,7 @@ class LiveSessions:
         layers: Sequence[Layer],
         cell: Cell | None,
     ) -> EvalResult:
-        config = self._config
-        workdir = session.sandbox.workdir
+        config, workdir = self._config, session.sandbox.workdir
         try:  # before the files: a cell refused its packages leaves none of them
             await self._add_layers(session.sandbox, layers)
         except PackageRefused as exc:
@@ -238,7 +237,7 @@ class LiveSessions:
             interrupted=cell.interrupted if cell is not None else None,
             starting=not session.started,
         )
-        session.started = True
+        session.started, workdir.fresh = True, False
         alive = session.sandbox.process.alive
         ended_by = outcome.ended_by if alive else self._ended_by(outcome, session.sandbox.cgroup)
         if cell is not None and cell.read_any:  # the rest of what was read in pieces

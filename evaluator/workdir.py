@@ -115,6 +115,9 @@ class Workdir:
         self.access = path
         self.mounted = mounted
         self.size = size
+        #: No code has run in it yet (a session's cell says when one has): it holds nothing the
+        #: code planted, such as a large file where a request's file goes.
+        self.fresh = True
         self.owner: tuple[int, int] | None = None
         #: ``(bytes, inodes)`` of the tmpfs the run's launcher mounts, until :meth:`attach`.
         self.launcher_mount: tuple[int, int] | None = None
@@ -188,18 +191,16 @@ class Workdir:
         self.mounted = True
 
     async def write_in(self, files: Sequence[File]) -> dict[str, int]:
-        """:meth:`write_files`, on the event loop when the files are few and small (a worker
-        thread's hop costs more than their writes), else in a worker thread; in a thread too
-        when a large file the code left is in the way (truncating it takes time)."""
+        """:meth:`write_files`, on the event loop when a worker thread's hop would cost more:
+        the files few, small and shallow, in a fresh tmpfs (nothing there to truncate or wait
+        for, no disk); else in a worker thread."""
         size = sum(len(file.content) for file in files)
-        if len(files) <= _INLINE_FILES and size <= _INLINE_BYTES:
-            try:
-                return self.write_files(files, largest=_INLINE_BYTES)
-            except BlockingIOError:
-                pass
+        few = len(files) <= _INLINE_FILES and size <= _INLINE_BYTES
+        if few and self.fresh and self.mounted and all(f.path.count("/") < 4 for f in files):
+            return self.write_files(files)
         return await asyncio.to_thread(self.write_files, files)
 
-    def write_files(self, files: Iterable[File], *, largest: int | None = None) -> dict[str, int]:
+    def write_files(self, files: Iterable[File]) -> dict[str, int]:
         """Write the request's files; return their mtimes (ns) to spot unmodified ones later.
 
         In a session the code has had the directory to itself: any name may be a symlink, a FIFO
@@ -207,13 +208,10 @@ class Workdir:
         through descriptors that never follow a symlink: each directory on the way is opened
         ``O_NOFOLLOW``, the file is opened ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO cannot block this
         thread) and must be a regular file, and its mode and owner are set on that descriptor.
-        ``largest``: the most bytes a file already at one of the paths may hold.
 
         Raises:
             WriteError: a file could not be created (no space left, or its path is taken by
                 something that is not a directory or a regular file).
-            BlockingIOError: a file there holds more than ``largest`` bytes (the files before
-                it were written).
         """
         written: dict[str, int] = {}
         files = list(files)
@@ -231,10 +229,8 @@ class Workdir:
                         raise IsADirectoryError(errno.EISDIR, "not a file path", str(target))
                     relative = target.relative_to(self.access)
                     written[str(relative)] = write_beneath(
-                        root_fd, relative.parts, file.content, self.owner, largest
+                        root_fd, relative.parts, file.content, self.owner
                     )
-                except BlockingIOError:
-                    raise
                 except OSError as exc:
                     raise _write_error(exc, file) from exc
         finally:

@@ -150,8 +150,7 @@ async def test_a_few_small_files_are_written_without_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The gateway's two prelude files are written on the event loop; more, or larger, files
-    in a worker thread, and so are small ones that would replace a large file. Either way the
-    same files land."""
+    in a worker thread. Either way the same files land."""
     hops: list[object] = []
     to_thread = asyncio.to_thread
 
@@ -160,21 +159,26 @@ async def test_a_few_small_files_are_written_without_a_thread(
         return await to_thread(function, *args)
 
     monkeypatch.setattr(asyncio, "to_thread", counted)
-    workdir = Workdir(tmp_path, False, 0)
+    workdir = Workdir(tmp_path, True, 0)  # as if a tmpfs: the test writes nowhere else
     small = [File(f"s{n}.txt", b"x" * 4096) for n in range(4)]
     assert set(await workdir.write_in(small)) == {f"s{n}.txt" for n in range(4)}
     assert hops == []
     large = [File("big.bin", b"y" * (16 * 1024 + 1))]
     many = [File(f"m{n}.txt", b"z") for n in range(5)]
-    for files in (large, many):
+    deep = [File("a/b/c/d/e.txt", b"z")]
+    for files in (large, many, deep):
         assert set(await workdir.write_in(files)) == {file.path for file in files}
-    assert len(hops) == 2
+    assert len(hops) == 3
     assert (tmp_path / "big.bin").stat().st_size == 16 * 1024 + 1
     assert (tmp_path / "s3.txt").read_bytes() == b"x" * 4096
-    # A large file the code left where a small one goes: truncating it could take long.
+    # Once code has run there (it may have left a large file where a small one goes, which
+    # would take long to truncate), or on a disk: a thread.
+    workdir.fresh = False
     assert set(await workdir.write_in([File("big.bin", b"small")])) == {"big.bin"}
-    assert len(hops) == 3
     assert (tmp_path / "big.bin").read_bytes() == b"small"
+    on_disk = Workdir(tmp_path, False, 0)
+    assert set(await on_disk.write_in(small[:1])) == {"s0.txt"}
+    assert len(hops) == 5
 
 
 @root_only
