@@ -235,7 +235,8 @@ class EvaluatorConfig(ConfigRules):
             "run that finds none makes the evaluator keep one more, up to "
             "`EVALUATOR_WARM_SANDBOXES_MAX`, one fewer after a minute without such a miss; as "
             "many *started* ones are kept beside them where that most is higher (the "
-            "interpreter started, nothing imported: about 4 MiB each), taken by a run that "
+            "interpreter started, nothing imported but the gateway's prelude: about 5 MiB each), "
+            "taken by a run that "
             "finds no warm one; `0`: none",
         ),
         Flag("sandboxes kept warm (interpreter started, PREIMPORT imported), at least; 0: none"),

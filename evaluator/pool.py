@@ -25,12 +25,12 @@ while runs find none. A run takes a warm sandbox only once it is warm.
 
 When they import modules (``EVALUATOR_PREIMPORT``), ``count`` *started* sandboxes are kept
 beside them (with the defaults, 2 started and 2 to 8 warm; none when ``most`` is ``count``):
-the interpreter and agent started, nothing imported (about 4 MiB, and a few hundredths of a
-CPU-second to make, where the imports take tenths). A run that finds no warm sandbox takes
-one of those (it saves the interpreter's start), else a cold one: calls that come faster than
-sandboxes can be warmed (a model calling without ``session_id`` in a loop) still skip the
-start. They are made before warm ones, one at a time (beside those warming, with a cpu
-controller).
+the interpreter and agent started, nothing imported but the gateway's prelude (about 5 MiB,
+and a few hundredths of a CPU-second to make, where the imports take tenths). A run that
+finds no warm sandbox takes one of those (it saves the interpreter's start), else a cold
+one: calls that come faster than sandboxes can be warmed (a model calling without
+``session_id`` in a loop) still skip the start. They are made before warm ones, one at a
+time (beside those warming, with a cpu controller).
 """
 
 from __future__ import annotations

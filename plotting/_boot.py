@@ -4,8 +4,9 @@ The interpreter compiles this file on every run, so it is kept to a few statemen
 ``prelude_files()``) holds the user's code and the prelude and its support module compiled by the
 gateway's interpreter (a resident one: by the service's): the prelude is loaded here, the support
 module only when a run needs it. An interpreter with another bytecode format (magic number) compiles
-their sources instead. A bundle without the prelude runs the one an earlier cell of its session kept
-(``sys._mcp_prelude``) if it is the bundle's (its digest), else the one resident in the service
+their sources instead. A bundle without the prelude runs the one an earlier cell of its session, or
+a warm interpreter (``_warm.py``), kept (``sys._mcp_prelude``) if it is the bundle's (its digest),
+else the one resident in the service
 (``plotting._bundle.RESIDENT_DIR``) for this digest and magic number; else the run ends before the
 code, and the gateway sends it again whole (when the answer comes back with the run's end). The
 prelude removes both files before the user's code runs.
@@ -22,7 +23,7 @@ if __name__ == "__main__":
     _boot_prelude = getattr(sys, "_mcp_prelude", None)
     if not _boot[2] and (
         type(_boot_prelude) is not dict or _boot_prelude.get("_digest") != _boot[5]
-    ):  # no prelude sent, none kept by a session: the one resident in the service, if any
+    ):  # none sent, none kept (by a session, a warm interpreter): the one resident, if any
         try:
             with open(
                 f"/snekbox/user_base/share/mcp-prelude/{_boot[5].hex()}-{_boot_magic.hex()}.bin",

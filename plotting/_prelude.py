@@ -369,7 +369,6 @@ def _made_support() -> "ModuleType":
     # it imports, the module itself (name "") last.
     module = type(sys)("_mcp_support")
     module.__path__ = []  # a package: its parts import one another relatively
-    module._mcp_digest = _digest  # type: ignore[attr-defined]
     sys.modules["_mcp_support"] = module
     try:
         import zlib
@@ -385,6 +384,7 @@ def _made_support() -> "ModuleType":
             if not _support_compiled:
                 item = compile(item, "<mcp-support>", "exec", dont_inherit=True)
             exec(item, vars(part))
+        module._mcp_digest = _digest  # type: ignore[attr-defined]  # whole: a cell may take it
     except BaseException:
         # Half made (an interrupt): a session's later cells would find it as it is.
         for name in [name for name in sys.modules if name.startswith("_mcp_support")]:

@@ -225,6 +225,19 @@ async def test_what_the_warm_agent_imported_is_out_of_the_collectors_reach(
     assert (await warm_run(evaluator, "-c", code)).stdout == "True True\n"
 
 
+async def test_a_run_without_the_prelude_runs_the_one_loaded_ahead(evaluator: Evaluator) -> None:
+    """A one-shot run sent without the prelude (the gateway's, to a service keeping it
+    resident) runs the one its warm interpreter loaded, as the resident one would run: its
+    figure comes back, its traceback shows none of the prelude's frames."""
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nprint(__name__)\n1 / 0"
+    request = plotting.build_request(code, resident=True)
+    result = await warm_run(evaluator, *(request.args or ()), files=tuple(request.files))
+    assert result.returncode == 1, result
+    assert result.stdout.startswith("__main__\nTraceback"), result.stdout
+    assert "line 4, in <module>" in result.stdout and "_mcp" not in result.stdout
+    assert [f.path for f in plotting.sort_files(result.files).figures] == ["figure_001.png"]
+
+
 async def session_cell(evaluator: Evaluator, request: EvalRequest, session: str) -> EvalResult:
     """``request`` as a cell of ``session``, which a warm sandbox starts (checked)."""
     await until_warm(evaluator)
