@@ -154,10 +154,10 @@ async def test_a_few_small_files_are_written_without_a_thread(
     hops: list[object] = []
     to_thread = asyncio.to_thread
 
-    async def counted(function: Callable[..., T], *args: object) -> T:
+    async def counted(function: Callable[..., T], *args: object, **kwargs: object) -> T:
         if getattr(getattr(function, "__self__", None), "path", None) == tmp_path:  # ours only
             hops.append(function)
-        return await to_thread(function, *args)
+        return await to_thread(function, *args, **kwargs)
 
     monkeypatch.setattr(asyncio, "to_thread", counted)
     workdir = Workdir(tmp_path, True, 0)  # as if a tmpfs: the test writes nowhere else

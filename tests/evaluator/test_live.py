@@ -9,8 +9,9 @@ import os
 import select
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import httpx
@@ -27,6 +28,8 @@ from snekbox_client import EvalRequest, EvalResult, File
 
 from . import isolation
 from .conftest import config
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -77,6 +80,31 @@ async def test_cells_share_one_interpreter_and_sessions_share_nothing(
     assert unchanged.files == ()
     assert (await cell(evaluator, "a", "print(open('in.txt').read())")).stdout == "1\n"
     assert evaluator.live_sessions == 2
+
+
+async def test_a_sessions_later_cells_write_their_files_in_a_thread(
+    evaluator: Evaluator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first cell's few small files go into a directory no code has run in, on the event
+    loop; a later cell's in a worker thread: its code may have left anything in the way."""
+    hops: list[object] = []
+    to_thread = asyncio.to_thread
+
+    async def counted(function: Callable[..., T], *args: object, **kwargs: object) -> T:
+        if getattr(function, "__name__", "") == "write_files":
+            hops.append(function)
+        return await to_thread(function, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    note = (File("note.txt", b"hi"),)
+    assert (
+        await cell(evaluator, "w", "print(open('note.txt').read())", files=note)
+    ).stdout == "hi\n"
+    assert hops == []
+    assert (
+        await cell(evaluator, "w", "print(open('note.txt').read())", files=note)
+    ).stdout == "hi\n"
+    assert len(hops) == 1
 
 
 async def test_a_flood_ends_the_interpreter_as_it_ends_a_run(evaluator: Evaluator) -> None:

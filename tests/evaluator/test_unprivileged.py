@@ -10,6 +10,7 @@ already covers this path.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import re
@@ -218,6 +219,29 @@ def test_a_sessions_later_cells_run_the_prelude_it_kept(service: tuple[str, obje
     assert str(cell("print('a\\udcff')")["stdout"]).startswith("a\ufffd\n")
     failed = cell("1 / 0")
     assert failed["returncode"] == 1 and "_mcp" not in str(failed["stdout"]), failed
+
+
+def test_an_ordinary_users_sandboxes_made_ahead_load_the_prelude(
+    service: tuple[str, object],
+) -> None:
+    """The gateway's first cell of a session, sent without the prelude, finds the one the
+    evaluator keeps resident already loaded by a sandbox made ahead (``warm.py``), and draws
+    with it; the service makes them one at a time for nobody, so a few tries may start cold."""
+    url, _ = service
+    code = "import sys, matplotlib.pyplot as plt\nplt.plot([1, 2])\n"
+    request = plotting.build_request(code + "sys._mcp_prelude['_loaded_ahead']", resident=True)
+    deadline = time.monotonic() + 240
+    for attempt in itertools.count():
+        session = f"ahead-{attempt}"
+        body = {**request.to_json(), "session": session}
+        answer = httpx.post(f"{url}/eval", json=body, timeout=90).json()
+        httpx.delete(f"{url}/sessions/{session}", timeout=30)
+        assert answer["returncode"] == 0, answer
+        if answer["stdout"] == "True\n" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert answer["stdout"] == "True\n", answer
+    assert [f["path"] for f in answer["files"] if f["path"].endswith(".png")] == ["figure_001.png"]
 
 
 def test_every_live_session_starts_on_a_shared_uid(venv: Path) -> None:
