@@ -36,13 +36,9 @@ from .answers import refusal
 from .errors import RequestInvalid
 from .host import MPLCONFIGDIR
 from .service import Evaluator
-from .workdir import TMP_DIR
+from .workdir import INLINE_BYTES, TMP_DIR
 
 __all__ = ["INLINE_BYTES", "MAX_JSON_STRUCTURE", "RESERVED_DIRS", "create_app"]
-
-#: A body, or an answer's output, this small is decoded or encoded on the event loop (tens of
-#: microseconds): a worker thread's hop costs more (0.1 to 0.4 ms, more on a busy host).
-INLINE_BYTES = 16 * 1024
 
 log = logging.getLogger(__name__)
 

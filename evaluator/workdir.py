@@ -37,7 +37,7 @@ from .errors import CollectError, WriteError
 from .fileops import open_dir, open_pinned, remove_tree, write_beneath
 from .procfs import alive
 
-__all__ = ["TMP_DIR", "CollectError", "Workdir", "WorkdirRoot", "WriteError"]
+__all__ = ["INLINE_BYTES", "TMP_DIR", "CollectError", "Workdir", "WorkdirRoot", "WriteError"]
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,12 @@ _ROOT_NAME = re.compile(r"evaluator-(\d+)-\w+")
 TMP_DIR = ".tmp"
 #: Hidden entries :meth:`Workdir.holds_nothing` reads before it gives up (and says no).
 _FEW_HIDDEN = 4
-#: Files written on the event loop at most: as many, of at most so many bytes in all (the
-#: gateway's prelude is two files of 2 KB).
-_INLINE_FILES, _INLINE_BYTES = 4, 16 * 1024
+#: Work on this many bytes is done on the event loop (tens of microseconds) rather than in a
+#: worker thread, whose hop costs more (0.1 to 0.4 ms, more on a busy host): a request's body
+#: and answer (see :mod:`.api`), its files (the gateway's prelude is two of 2 KB).
+INLINE_BYTES = 16 * 1024
+#: Files written on the event loop at most (of at most INLINE_BYTES in all).
+_INLINE_FILES = 4
 #: Files ``/dev/shm`` can hold: multiprocessing's semaphores and shared memory blocks take one
 #: each; without a bound, an inode bomb there would eat the run's memory.
 SHM_INODES = 1024
@@ -195,7 +198,7 @@ class Workdir:
         the files few, small and shallow, in a fresh tmpfs (nothing there to truncate or wait
         for, no disk); else in a worker thread."""
         size = sum(len(file.content) for file in files)
-        few = len(files) <= _INLINE_FILES and size <= _INLINE_BYTES
+        few = len(files) <= _INLINE_FILES and size <= INLINE_BYTES
         if few and self.fresh and self.mounted and all(f.path.count("/") < 4 for f in files):
             return self.write_files(files)
         return await asyncio.to_thread(self.write_files, files)

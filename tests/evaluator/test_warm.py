@@ -59,13 +59,18 @@ async def evaluator() -> AsyncIterator[Evaluator]:
         yield started
 
 
-async def warm_run(evaluator: Evaluator, *args: str, files: tuple[File, ...] = ()) -> EvalResult:
-    """Run ``args`` in a warm sandbox (checked)."""
+async def warm_request(evaluator: Evaluator, request: EvalRequest) -> EvalResult:
+    """Run ``request`` (or start its session) in a warm sandbox (checked)."""
     await until_warm(evaluator)
     taken = evaluator.warm_runs
-    result = await evaluator.run(EvalRequest(args=args, files=files))
+    result = await evaluator.run(request)
     assert evaluator.warm_runs == taken + 1, "the run did not take a warm sandbox"
     return result
+
+
+async def warm_run(evaluator: Evaluator, *args: str, files: tuple[File, ...] = ()) -> EvalResult:
+    """Run ``args`` in a warm sandbox (checked)."""
+    return await warm_request(evaluator, EvalRequest(args=args, files=files))
 
 
 async def test_the_code_runs_in_the_warm_interpreter(evaluator: Evaluator) -> None:
@@ -231,20 +236,11 @@ async def test_a_run_without_the_prelude_runs_the_one_loaded_ahead(evaluator: Ev
     figure comes back, its traceback shows none of the prelude's frames."""
     code = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nprint(__name__)\n1 / 0"
     request = plotting.build_request(code, resident=True)
-    result = await warm_run(evaluator, *(request.args or ()), files=tuple(request.files))
+    result = await warm_request(evaluator, request)
     assert result.returncode == 1, result
     assert result.stdout.startswith("__main__\nTraceback"), result.stdout
     assert "line 4, in <module>" in result.stdout and "_mcp" not in result.stdout
     assert [f.path for f in plotting.sort_files(result.files).figures] == ["figure_001.png"]
-
-
-async def session_cell(evaluator: Evaluator, request: EvalRequest, session: str) -> EvalResult:
-    """``request`` as a cell of ``session``, which a warm sandbox starts (checked)."""
-    await until_warm(evaluator)
-    taken = evaluator.warm_runs
-    result = await evaluator.run(replace(request, session=session))
-    assert evaluator.warm_runs == taken + 1, "the session did not take a warm sandbox"
-    return result
 
 
 async def test_a_warm_sandbox_has_loaded_the_resident_prelude_ahead(evaluator: Evaluator) -> None:
@@ -254,7 +250,8 @@ async def test_a_warm_sandbox_has_loaded_the_resident_prelude_ahead(evaluator: E
     prelude whole (another gateway's) makes its own support module, not the one loaded ahead."""
     code = "import sys, matplotlib.pyplot as plt\nplt.plot([1, 2])\nx = 3\n"
     code += "sys._mcp_prelude['_loaded_ahead']"
-    first = await session_cell(evaluator, plotting.build_request(code, resident=True), "ahead")
+    resident = plotting.build_request(code, resident=True)
+    first = await warm_request(evaluator, replace(resident, session="ahead"))
     assert first.stdout == "True\n", first
     assert [f.path for f in plotting.sort_files(first.files).figures] == ["figure_001.png"]
     later = plotting.build_request("x + 1", later_cell=True)
@@ -265,7 +262,7 @@ async def test_a_warm_sandbox_has_loaded_the_resident_prelude_ahead(evaluator: E
     head = marshal.dumps((*fields[:5], bytes(16)), 4)
     other = head + b"\0" * (-len(head) % 3) + bundle.content[-fields[4] :]
     request = EvalRequest(args=[boot.path], files=[boot, File(bundle.path, other)])
-    own = await session_cell(evaluator, request, "other")
+    own = await warm_request(evaluator, replace(request, session="other"))
     assert own.stdout == f"'{bytes(16).hex()}'\n", own
 
 
