@@ -11,11 +11,10 @@ started, and the agent (:mod:`._agent`) imports the modules a run is likely to n
 run arrives. They are made with spare CPU only, and made again as soon as one is taken, so that
 calls that come steadily find one warm:
 
-- with a cpu controller, in a cgroup of the least CPU weight until it is used: their imports
-  take only CPU time no run wants, so they are made at once, however busy the service is (a
-  saturated service makes no progress on them, and loses next to nothing to them), as many
-  at a time as the service has CPUs (more would share the spare CPU time, and each would be
-  ready later than the first of them could be);
+- with a cpu controller, in a cgroup of the least CPU weight until it is used (and first
+  under ``SCHED_IDLE``, see :mod:`.run_cgroup`): their imports take only CPU time no run
+  wants, so they are made at once, however busy the service is, as many at a time as the
+  service has CPUs (more would share the spare CPU time, each ready later);
 - without one, one at a time, started only while fewer runs are in progress than the service
   has CPUs (a run's end tries again): a run then shares a CPU with one agent's imports at most.
 
@@ -26,11 +25,10 @@ while runs find none. A run takes a warm sandbox only once it is warm.
 When they import modules (``EVALUATOR_PREIMPORT``), ``count`` *started* sandboxes are kept
 beside them (with the defaults, 2 started and 2 to 8 warm; none when ``most`` is ``count``):
 the interpreter and agent started, nothing imported but the gateway's prelude (about 5 MiB,
-and a few hundredths of a CPU-second to make, where the imports take tenths). A run that
-finds no warm sandbox takes one of those (it saves the interpreter's start), else a cold
-one: calls that come faster than sandboxes can be warmed (a model calling without
-``session_id`` in a loop) still skip the start. They are made before warm ones, one at a
-time (beside those warming, with a cpu controller).
+a few hundredths of a CPU-second to make). A run that finds no warm sandbox takes one of
+those, else a cold one: calls that come faster than sandboxes can be warmed still skip the
+start. They are made before warm ones, one at a time (beside those warming, with a cpu
+controller).
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ from typing import Any
 from ._agent import WARM
 from .cgroups import Cgroups
 from .jail import MOUNTED
+from .run_cgroup import IDLE_AT_MOST
 from .sandbox import Sandbox, SandboxMaker
 from .users import RunUsers
 from .warming import Tier, WarmDemand
@@ -51,7 +50,6 @@ from .workdir import Workdir, WorkdirRoot
 __all__ = ["Sandbox", "SandboxPool"]
 
 log = logging.getLogger(__name__)
-
 
 _ANSWER_FIRST = 0.002
 #: Seconds into a run that took a warm sandbox after which its replacement is made, if the run's
@@ -272,6 +270,8 @@ class SandboxPool:
                 tier.warming.append(sandbox)
                 sandbox.process.release(tier.agent(sandbox.workdir), None)
                 sandbox.process.watch(self._watcher(sandbox, tier))
+                if sandbox.cgroup is not None and sandbox.cgroup.starts_idle:
+                    asyncio.get_running_loop().call_later(IDLE_AT_MOST, sandbox.leave_idle)
 
     def _filled(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

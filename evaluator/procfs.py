@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import os
+import resource
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -25,6 +27,7 @@ __all__ = [
     "alive",
     "await_orphans",
     "descendants",
+    "may_leave_idle",
     "reap_orphans",
     "reap_owned",
     "spawn_owned",
@@ -36,6 +39,8 @@ __all__ = [
 _lock = threading.Lock()
 # Children started by spawn_owned and not yet reaped by their owner.
 _owned: set[int] = set()
+# The bit of CAP_SYS_NICE in the capability masks of /proc/<pid>/status (linux/capability.h).
+_CAP_SYS_NICE = 23
 
 
 class Orphans(NamedTuple):
@@ -74,6 +79,22 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@functools.cache
+def may_leave_idle() -> bool:
+    """Whether this process may move another of its user's from ``SCHED_IDLE`` back to
+    ``SCHED_OTHER``: it takes ``CAP_SYS_NICE`` (in the initial user namespace), or an
+    ``RLIMIT_NICE`` of at least 20 (sched(7)). Root in a container often lacks the former."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    if soft == resource.RLIM_INFINITY or soft >= 20:
+        return True
+    try:
+        with open("/proc/self/status") as status:
+            caps = next(line for line in status if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caps.split()[1], 16) >> _CAP_SYS_NICE & 1)
 
 
 def spawn_owned(

@@ -2,20 +2,42 @@
 
 Made by :meth:`.cgroups.Cgroups.create` (one directory per v1 hierarchy, or a single v2 one);
 removed once the run's processes are gone.
+
+A cgroup's weight counts only against its siblings: a warm sandbox importing at the least
+weight still takes a CPU from the service, the gateway and their clients, which live outside
+the sandboxes' parent, as if it ran at full weight. Its launcher is therefore also put under
+``SCHED_IDLE`` as it is made (:meth:`RunCgroup.enter_idle`), and so is all it starts: any
+other process preempts them at once, wherever it lives. :meth:`RunCgroup.foreground` puts
+every thread back under ``SCHED_OTHER`` before the run's code arrives. Only where the service
+may do that (``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` of 20: see
+:func:`.procfs.may_leave_idle`); elsewhere a sandbox would keep ``SCHED_IDLE`` for its run, so
+it is not used. A ``SCHED_IDLE`` process gets next to nothing of a saturated host, so the pool
+calls :meth:`RunCgroup.leave_idle` after :data:`IDLE_AT_MOST` seconds (through
+:meth:`.Sandbox.leave_idle`, while its launcher lives): the imports then go on
+at the least weight, as they did before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import signal
 from pathlib import Path
 
-__all__ = ["LEAST_WEIGHT", "RunCgroup"]
+from .procfs import may_leave_idle
+
+__all__ = ["IDLE_AT_MOST", "LEAST_WEIGHT", "RunCgroup"]
+
+log = logging.getLogger(__name__)
 
 #: The least CPU weight of a cgroup (v1 cpu.shares, v2 cpu.weight).
 LEAST_WEIGHT = {"cpu.shares": "2", "cpu.weight": "1"}
+#: Seconds a sandbox made ahead spends under ``SCHED_IDLE`` at most (its imports take tenths).
+IDLE_AT_MOST = 2.0
+#: Readings of a cgroup's threads at most, when threads keep starting (a run that forks).
+_PASSES = 50
 
 
 class RunCgroup:
@@ -40,6 +62,8 @@ class RunCgroup:
         #: The CPU weight file and the weight of every run (``None``: no cpu controller).
         self._weight = weight
         self._background = background and weight is not None
+        #: Its processes run under ``SCHED_IDLE`` until :meth:`foreground`.
+        self.starts_idle = self._background and may_leave_idle()
 
     @property
     def weighs_cpu(self) -> bool:
@@ -52,6 +76,21 @@ class RunCgroup:
             file, value = self._weight
             file.write_text(value)
             self._background = False
+            self.leave_idle()
+            self.starts_idle = False
+
+    def enter_idle(self, leader: int) -> None:
+        """Put ``leader``, the launcher just made in this background cgroup, under
+        ``SCHED_IDLE`` before it starts anything (see the module)."""
+        if self.starts_idle:
+            with contextlib.suppress(ProcessLookupError):  # it failed: its run says why
+                os.sched_setscheduler(leader, os.SCHED_IDLE, os.sched_param(0))
+
+    def leave_idle(self, leader: int | None = None) -> None:
+        """Put ``leader`` (which may not have joined the cgroup yet) and every thread in the
+        cgroup back under ``SCHED_OTHER``, if they started under ``SCHED_IDLE``."""
+        if self.starts_idle and self._weight is not None:
+            _leave_idle(self._weight[0].parent, leader)
 
     def background(self) -> None:
         """Give it the least CPU weight: its processes then get only CPU time that no other
@@ -115,3 +154,32 @@ class RunCgroup:
                     raise
                 done = False
         return done
+
+
+def _leave_idle(directory: Path, leader: int | None) -> None:
+    """See :meth:`RunCgroup.leave_idle`. A policy is a thread's (a pool of threads started at
+    import, as OpenBLAS's, has its own), and a thread inherits its creator's: the cgroup's list
+    is read again until it names no thread not yet put back, so one started meanwhile by a
+    thread still idle is found too."""
+    threads = directory / "tasks"  # v1; v2 lists them in cgroup.threads
+    if not threads.exists():
+        threads = directory / "cgroup.threads"
+    done: set[str] = set()
+    for _ in range(_PASSES):
+        try:
+            tids = set(threads.read_text().split())
+        except FileNotFoundError:  # removed: its processes are gone
+            return
+        if leader is not None:
+            tids.add(str(leader))
+            leader = None
+        if not tids - done:
+            return
+        for tid in tids - done:
+            try:
+                os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+            except ProcessLookupError:
+                continue
+            except PermissionError:  # may_leave_idle said otherwise: the run goes on, slower
+                log.warning("could not take thread %s of %s out of SCHED_IDLE", tid, directory)
+        done |= tids

@@ -31,7 +31,7 @@ from mcp.types import ImageContent
 from PIL import Image
 
 import plotting
-from evaluator import Evaluator
+from evaluator import Evaluator, pool, procfs
 from evaluator.config import MiB
 from python_mcp_server import Settings, create_app
 from snekbox_client import EvalRequest, EvalResult
@@ -165,6 +165,33 @@ async def test_a_run_is_killed_at_the_time_limit() -> None:
         elapsed = time.monotonic() - started
     assert (result.returncode, result.stdout, result.ended_by) == (137, "started\n", "time_limit")
     assert KILL_LIMIT <= elapsed < KILL_LIMIT + 30
+
+
+async def test_a_sandbox_made_ahead_waits_idle_and_its_run_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the service may undo it (root, with the cpu controller), a warm sandbox waits
+    under SCHED_IDLE (see evaluator.run_cgroup); every thread of the code runs under
+    SCHED_OTHER, read from cgroup.threads here."""
+    monkeypatch.setattr(pool, "IDLE_AT_MOST", 3600.0)  # however slow the emulation
+    code = (
+        "import os\n"
+        "print(sorted({os.sched_getscheduler(int(t)) for t in os.listdir('/proc/self/task')}))"
+    )
+    settings = config(time_limit=TIME_LIMIT, warm_sandboxes=1, preimport=("json",))
+    async with Evaluator(settings) as ev:
+        assert ev._pool is not None and ev._pool._full is not None
+        idle = ev._pool._cgroups.cpu is not None and procfs.may_leave_idle()
+        with anyio.fail_after(500):
+            while ev.warm_sandboxes < 1:  # noqa: ASYNC110 - nothing to wait on
+                await asyncio.sleep(0.1)
+        waiting = ev._pool._full.waiting[0]
+        assert waiting.cgroup is not None
+        policies = {os.sched_getscheduler(pid) for pid in waiting.cgroup.pids()}
+        assert policies == {os.SCHED_IDLE if idle else os.SCHED_OTHER}, (idle, policies)
+        result = await run(ev, code)
+        assert ev.warm_runs == 1
+    assert result.stdout == f"[{os.SCHED_OTHER}]\n", result
 
 
 # --- isolation ---------------------------------------------------------------------------------
