@@ -52,6 +52,9 @@ __all__ = ["Sandbox", "SandboxPool"]
 log = logging.getLogger(__name__)
 
 _ANSWER_FIRST = 0.002
+#: Seconds after a new session's first cell answered before its sandbox is made again: the
+#: making takes the GIL now and then, slowing that answer and a gateway's waiting on it.
+_AFTER_SESSION_ANSWER = 0.02
 #: Seconds into a run that took a warm sandbox after which its replacement is made, if the run's
 #: answer has not made it already (a short run's answer goes first; a long run's does not
 #: keep the pool short meanwhile).
@@ -249,9 +252,9 @@ class SandboxPool:
                 await asyncio.shield(filling)
 
     def refill_soon(self) -> None:
-        """:meth:`refill` once the answer that is on its way has gone (see :meth:`_retire`)."""
+        """:meth:`refill` once the answer, and a gateway's answer waiting on it, have gone."""
         if not self._closing:
-            asyncio.get_running_loop().call_later(_ANSWER_FIRST, self.refill)
+            asyncio.get_running_loop().call_later(_AFTER_SESSION_ANSWER, self.refill)
 
     async def _fill(self) -> None:
         while self._fill_again and not self._closing:
