@@ -59,6 +59,8 @@ class LaunchSpec:
             :meth:`.JailedProcess.mounted` then says when it is there.
         shm: ``(path, bytes, inodes)``: with ``workdir``, a ``noexec`` tmpfs it mounts there
             too, which bwrap binds as ``/dev/shm``.
+        idle: Once in its cgroups, it moves itself (and so all it starts) to ``SCHED_IDLE``
+            (see :mod:`.run_cgroup`).
     """
 
     cgroup_procs: tuple[str, ...] = ()
@@ -69,6 +71,7 @@ class LaunchSpec:
     env: Mapping[str, str] | None = None
     workdir: tuple[str, int, int] | None = None
     shm: tuple[str, int, int] | None = None
+    idle: bool = False
 
     def argv(self) -> list[str]:
         """The launcher's command line."""
@@ -82,6 +85,7 @@ class LaunchSpec:
             "env": dict(self.env or {}),
             "workdir": list(self.workdir) if self.workdir else None,
             "shm": list(self.shm) if self.shm else None,
+            "idle": self.idle,
         }
         # -I -S: none of the environment, no site-packages, so nothing of the service loads.
         return [sys.executable, "-I", "-S", _LAUNCHER, marshal.dumps(spec).hex()]

@@ -41,7 +41,6 @@ from typing import Any
 from ._agent import WARM
 from .cgroups import Cgroups
 from .jail import MOUNTED
-from .run_cgroup import IDLE_AT_MOST
 from .sandbox import Sandbox, SandboxMaker
 from .users import RunUsers
 from .warming import Tier, WarmDemand
@@ -273,8 +272,7 @@ class SandboxPool:
                 tier.warming.append(sandbox)
                 sandbox.process.release(tier.agent(sandbox.workdir), None)
                 sandbox.process.watch(self._watcher(sandbox, tier))
-                if sandbox.cgroup is not None and sandbox.cgroup.starts_idle:
-                    asyncio.get_running_loop().call_later(IDLE_AT_MOST, sandbox.leave_idle)
+                tier.bound_idle(sandbox)  # a busy host still warms it (see run_cgroup)
 
     def _filled(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

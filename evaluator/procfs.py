@@ -14,7 +14,6 @@ import contextlib
 import fcntl
 import functools
 import os
-import resource
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -83,18 +82,18 @@ def alive(pid: int) -> bool:
 
 @functools.cache
 def may_leave_idle() -> bool:
-    """Whether this process may move another of its user's from ``SCHED_IDLE`` back to
-    ``SCHED_OTHER``: it takes ``CAP_SYS_NICE`` (in the initial user namespace), or an
-    ``RLIMIT_NICE`` of at least 20 (sched(7)). Root in a container often lacks the former."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
-    if soft == resource.RLIM_INFINITY or soft >= 20:
-        return True
+    """Whether this process may move the runs' processes from ``SCHED_IDLE`` back to
+    ``SCHED_OTHER``: that takes ``CAP_SYS_NICE`` in the initial user namespace. (An
+    ``RLIMIT_NICE`` of 20 is not asked for: it helps only with processes of one's own user,
+    and root's runs are another's; sched(7).)"""
     try:
+        with open("/proc/self/uid_map") as uid_map:
+            initial = uid_map.read().split() == ["0", "0", "4294967295"]
         with open("/proc/self/status") as status:
             caps = next(line for line in status if line.startswith("CapEff:"))
     except (OSError, StopIteration):
         return False
-    return bool(int(caps.split()[1], 16) >> _CAP_SYS_NICE & 1)
+    return initial and bool(int(caps.split()[1], 16) >> _CAP_SYS_NICE & 1)
 
 
 def spawn_owned(

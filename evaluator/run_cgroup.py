@@ -4,17 +4,18 @@ Made by :meth:`.cgroups.Cgroups.create` (one directory per v1 hierarchy, or a si
 removed once the run's processes are gone.
 
 A cgroup's weight counts only against its siblings: a warm sandbox importing at the least
-weight still takes a CPU from the service, the gateway and their clients, which live outside
-the sandboxes' parent, as if it ran at full weight. Its launcher is therefore also put under
-``SCHED_IDLE`` as it is made (:meth:`RunCgroup.enter_idle`), and so is all it starts: any
-other process preempts them at once, wherever it lives. :meth:`RunCgroup.foreground` puts
-every thread back under ``SCHED_OTHER`` before the run's code arrives. Only where the service
-may do that (``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` of 20: see
-:func:`.procfs.may_leave_idle`); elsewhere a sandbox would keep ``SCHED_IDLE`` for its run, so
-it is not used. A ``SCHED_IDLE`` process gets next to nothing of a saturated host, so the pool
-calls :meth:`RunCgroup.leave_idle` after :data:`IDLE_AT_MOST` seconds (through
-:meth:`.Sandbox.leave_idle`, while its launcher lives): the imports then go on
-at the least weight, as they did before.
+weight still took a CPU from the service, the gateway and their clients, which live outside
+the sandboxes' parent, whenever they woke. Its launcher therefore moves itself to
+``SCHED_IDLE`` once it has joined its cgroups (:attr:`RunCgroup.starts_idle`; what it starts
+inherits the policy): the kernel preempts a ``SCHED_IDLE`` thread as soon as any other thread
+wakes on its CPU. (Its share of a busy CPU is still set by the cgroups' weights.)
+:meth:`RunCgroup.foreground` puts every thread back under ``SCHED_OTHER`` before the run's
+code arrives. That takes ``CAP_SYS_NICE`` in the initial user namespace
+(:func:`.procfs.may_leave_idle`); without it a run would keep ``SCHED_IDLE``, so sandboxes
+are made as before. Within the sandboxes' parent, a ``SCHED_IDLE`` thread gets next to nothing
+beside a run, so while a sandbox warms the pool calls :meth:`RunCgroup.leave_idle` every
+:data:`IDLE_AT_MOST` seconds from its release (:meth:`.warming.Tier.bound_idle`): its imports
+then go on at the least weight, as they did before.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ LEAST_WEIGHT = {"cpu.shares": "2", "cpu.weight": "1"}
 IDLE_AT_MOST = 2.0
 #: Readings of a cgroup's threads at most, when threads keep starting (a run that forks).
 _PASSES = 50
+#: A reset was refused, though :func:`.procfs.may_leave_idle` allowed it.
+_refused = False
 
 
 class RunCgroup:
@@ -63,7 +66,7 @@ class RunCgroup:
         self._weight = weight
         self._background = background and weight is not None
         #: Its processes run under ``SCHED_IDLE`` until :meth:`foreground`.
-        self.starts_idle = self._background and may_leave_idle()
+        self.starts_idle = self._background and may_leave_idle() and not _refused
 
     @property
     def weighs_cpu(self) -> bool:
@@ -79,18 +82,11 @@ class RunCgroup:
             self.leave_idle()
             self.starts_idle = False
 
-    def enter_idle(self, leader: int) -> None:
-        """Put ``leader``, the launcher just made in this background cgroup, under
-        ``SCHED_IDLE`` before it starts anything (see the module)."""
-        if self.starts_idle:
-            with contextlib.suppress(ProcessLookupError):  # it failed: its run says why
-                os.sched_setscheduler(leader, os.SCHED_IDLE, os.sched_param(0))
-
-    def leave_idle(self, leader: int | None = None) -> None:
-        """Put ``leader`` (which may not have joined the cgroup yet) and every thread in the
-        cgroup back under ``SCHED_OTHER``, if they started under ``SCHED_IDLE``."""
+    def leave_idle(self) -> None:
+        """Put every thread in the cgroup back under ``SCHED_OTHER`` if it started under
+        ``SCHED_IDLE`` (a cgroup removed meanwhile is left alone)."""
         if self.starts_idle and self._weight is not None:
-            _leave_idle(self._weight[0].parent, leader)
+            _leave_idle(self._weight[0].parent)
 
     def background(self) -> None:
         """Give it the least CPU weight: its processes then get only CPU time that no other
@@ -156,11 +152,12 @@ class RunCgroup:
         return done
 
 
-def _leave_idle(directory: Path, leader: int | None) -> None:
+def _leave_idle(directory: Path) -> None:
     """See :meth:`RunCgroup.leave_idle`. A policy is a thread's (a pool of threads started at
     import, as OpenBLAS's, has its own), and a thread inherits its creator's: the cgroup's list
     is read again until it names no thread not yet put back, so one started meanwhile by a
     thread still idle is found too."""
+    global _refused
     threads = directory / "tasks"  # v1; v2 lists them in cgroup.threads
     if not threads.exists():
         threads = directory / "cgroup.threads"
@@ -170,9 +167,6 @@ def _leave_idle(directory: Path, leader: int | None) -> None:
             tids = set(threads.read_text().split())
         except FileNotFoundError:  # removed: its processes are gone
             return
-        if leader is not None:
-            tids.add(str(leader))
-            leader = None
         if not tids - done:
             return
         for tid in tids - done:
@@ -180,6 +174,7 @@ def _leave_idle(directory: Path, leader: int | None) -> None:
                 os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
             except ProcessLookupError:
                 continue
-            except PermissionError:  # may_leave_idle said otherwise: the run goes on, slower
-                log.warning("could not take thread %s of %s out of SCHED_IDLE", tid, directory)
+            except PermissionError:  # a security module, say: none is made idle from now on
+                _refused = True
+                log.error("could not take thread %s of %s out of SCHED_IDLE", tid, directory)
         done |= tids

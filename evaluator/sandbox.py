@@ -37,13 +37,6 @@ class Sandbox:
     user: tuple[int, int] | None
     warm: bool = False
 
-    def leave_idle(self) -> None:
-        """Its processes back under ``SCHED_OTHER``, if it was made under ``SCHED_IDLE`` (see
-        :mod:`.run_cgroup`): the pool's bound for a sandbox still warming."""
-        # Not once its launcher is reaped: its pid may be another process's by then.
-        if self.cgroup is not None and self.process.alive:
-            self.cgroup.leave_idle(self.process.pid)
-
 
 # Seconds a disposal waits for a killed sandbox's init to die (see procfs.await_orphans).
 _ORPHANS_WITHIN = 5.0
@@ -138,14 +131,13 @@ class SandboxMaker:
                 shm=(str(workdir.shm), self._shm_size, SHM_INODES)
                 if workdir.launcher_mount and workdir.shm is not None and self._shm_size
                 else None,
+                idle=cgroup is not None and cgroup.starts_idle,
             )
             seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None
             try:
                 process = JailedProcess.spawn(
                     spec, cgroup=cgroup, seccomp_fd=seccomp_fd, warm=warm, session=session
                 )
-                if cgroup is not None:  # before its release: all it starts inherits it
-                    cgroup.enter_idle(process.pid)
             finally:
                 if seccomp_fd is not None:
                     os.close(seccomp_fd)

@@ -8,10 +8,12 @@ again (an idle service gives the memory back).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import run_cgroup
 from .sandbox import Sandbox
 from .workdir import Workdir
 
@@ -71,3 +73,15 @@ class Tier:
     at_once: int
     warming: list[Sandbox] = field(default_factory=list)
     waiting: list[Sandbox] = field(default_factory=list)
+
+    def bound_idle(self, sandbox: Sandbox, *, again: bool = False) -> None:
+        """While ``sandbox`` warms, take it out of ``SCHED_IDLE`` every
+        :data:`.run_cgroup.IDLE_AT_MOST` seconds from now (``again``: now too; its launcher may
+        enter it late): a busy host still warms it, at the least weight (see
+        :mod:`.run_cgroup`)."""
+        cgroup = sandbox.cgroup
+        if sandbox in self.warming and cgroup is not None and cgroup.starts_idle:
+            if again:
+                cgroup.leave_idle()
+            loop = asyncio.get_running_loop()
+            loop.call_later(run_cgroup.IDLE_AT_MOST, lambda: self.bound_idle(sandbox, again=True))

@@ -31,7 +31,7 @@ from mcp.types import ImageContent
 from PIL import Image
 
 import plotting
-from evaluator import Evaluator, pool, procfs
+from evaluator import Evaluator, procfs, run_cgroup
 from evaluator.config import MiB
 from python_mcp_server import Settings, create_app
 from snekbox_client import EvalRequest, EvalResult
@@ -173,7 +173,7 @@ async def test_a_sandbox_made_ahead_waits_idle_and_its_run_does_not(
     """Where the service may undo it (root, with the cpu controller), a warm sandbox waits
     under SCHED_IDLE (see evaluator.run_cgroup); every thread of the code runs under
     SCHED_OTHER, read from cgroup.threads here."""
-    monkeypatch.setattr(pool, "IDLE_AT_MOST", 3600.0)  # however slow the emulation
+    monkeypatch.setattr(run_cgroup, "IDLE_AT_MOST", 3600.0)  # however slow the emulation
     code = (
         "import os\n"
         "print(sorted({os.sched_getscheduler(int(t)) for t in os.listdir('/proc/self/task')}))"
