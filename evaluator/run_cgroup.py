@@ -86,7 +86,11 @@ class RunCgroup:
         """Put every thread in the cgroup back under ``SCHED_OTHER`` if it started under
         ``SCHED_IDLE`` (a cgroup removed meanwhile is left alone)."""
         if self.starts_idle and self._weight is not None:
-            _leave_idle(self._weight[0].parent)
+            file, _ = self._weight
+            # Every thread: v1 lists them in tasks, v2 (whose weight is cpu.weight) in
+            # cgroup.threads.
+            threads = "tasks" if file.name == "cpu.shares" else "cgroup.threads"
+            _leave_idle(file.parent / threads)
 
     def background(self) -> None:
         """Give it the least CPU weight: its processes then get only CPU time that no other
@@ -152,15 +156,12 @@ class RunCgroup:
         return done
 
 
-def _leave_idle(directory: Path) -> None:
+def _leave_idle(threads: Path) -> None:
     """See :meth:`RunCgroup.leave_idle`. A policy is a thread's (a pool of threads started at
     import, as OpenBLAS's, has its own), and a thread inherits its creator's: the cgroup's list
     is read again until it names no thread not yet put back, so one started meanwhile by a
     thread still idle is found too."""
     global _refused
-    threads = directory / "tasks"  # v1; v2 lists them in cgroup.threads
-    if not threads.exists():
-        threads = directory / "cgroup.threads"
     done: set[str] = set()
     for _ in range(_PASSES):
         try:
@@ -176,5 +177,5 @@ def _leave_idle(directory: Path) -> None:
                 continue
             except PermissionError:  # a security module, say: none is made idle from now on
                 _refused = True
-                log.error("could not take thread %s of %s out of SCHED_IDLE", tid, directory)
+                log.error("could not take thread %s of %s out of SCHED_IDLE", tid, threads.parent)
         done |= tids
