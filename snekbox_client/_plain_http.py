@@ -69,6 +69,10 @@ def _readable(writer: asyncio.StreamWriter) -> bool:
     return bool(poller.poll(0))
 
 
+class _Stale(Exception):
+    """A kept-alive connection turned out closed before the request reached the service."""
+
+
 class _Connection:
     """One TCP connection: its streams, and when it went idle."""
 
@@ -86,7 +90,7 @@ class _Connection:
 
         The socket itself is asked too: the event loop learns of an end of file only when it
         next polls, and a request written after the server died would be answered by a reset
-        (the code "may have run") where a new connection is refused (it did not).
+        (see :meth:`PlainHTTPTransport._send` for the case no check can see).
         """
         reader = self.reader
         return (
@@ -140,8 +144,33 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
         head.append(b"\r\n")
         data = b"".join(head) + body
         connection = self._idle_connection()
-        if connection is None:
-            connection = await self._connect(request, timeouts.get("connect"))
+        if connection is not None:
+            try:
+                return await self._send(connection, request, data, timeouts, kept=True)
+            except _Stale:
+                pass  # the request never reached the service: sent once more, as a new one's
+        connection = await self._connect(request, timeouts.get("connect"))
+        return await self._send(connection, request, data, timeouts, kept=False)
+
+    async def _send(
+        self,
+        connection: _Connection,
+        request: httpx.Request,
+        data: bytes,
+        timeouts: dict[str, float | None],
+        *,
+        kept: bool,
+    ) -> httpx.Response:
+        """Write ``data`` on ``connection`` and read the answer's head.
+
+        Raises:
+            _Stale: ``kept``, and the connection was reset before any byte of an answer came.
+                A server that read the whole request and then died closes with an end of file
+                ("the code may have run"); a reset means the server's socket closed with the
+                request unread, or after it had gone: a kept-alive connection the server had
+                left while the idle check could not yet tell (its end of file not yet through
+                the kernel, or its socket briefly held by a child being spawned).
+        """
         doing = "write"
         try:
             connection.writer.write(data)
@@ -159,6 +188,12 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
             )
         except BaseException as exc:
             connection.close()
+            if (
+                kept
+                and isinstance(exc, ConnectionResetError | BrokenPipeError)
+                and not _buffered(connection.reader)
+            ):
+                raise _Stale from exc
             error = _transport_error(exc, request, doing)
             if error is exc:
                 raise

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -241,6 +243,62 @@ async def test_an_idle_connection_closed_before_the_loop_saw_it_is_not_reused() 
         await fetch(url, transport)
         assert closed.wait(10)  # blocking: the loop does not turn until the next request
         assert (await fetch(url, transport))[1] == ANSWER
+
+
+def resetting(answer: bytes, then: str) -> tuple[Callable[[socket.socket], None], list[str]]:
+    """A raw server's handler: its first connection answers one request and is kept alive;
+    when the next request comes on it, the server ``then``: ``"resets"`` it unread (a server
+    gone, its socket closed under the request), ``"resets-answering"`` after reading it and
+    sending part of an answer, or ``"closes"`` after reading it (a server that died running
+    the code). Later connections are answered. The list says what each connection saw."""
+    seen: list[str] = []
+
+    def handle(connection: socket.socket) -> None:
+        connection.settimeout(10)
+        with contextlib.suppress(OSError):
+            if not read_request(connection):
+                return
+            connection.sendall(answer)
+            if seen:  # a later connection
+                seen.append("answered")
+                return
+            select.select([connection], [], [], 10)  # the next request has come
+            if then != "resets":
+                read_request(connection)
+            if then == "resets-answering":
+                connection.sendall(b"HTTP/1.1 200 OK\r\n")
+            if then != "closes":  # closed with SO_LINGER 0: a reset, not an end of file
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            seen.append(then)
+
+    return handle, seen
+
+
+async def test_a_kept_connection_reset_under_an_unread_request_sends_it_again_once() -> None:
+    """The service died while its connection was idle, and the idle check could not tell yet:
+    the reset says the request was never read, so it goes once more on a new connection."""
+    answer = head(b"200 OK", b"Content-Length: %d" % len(ANSWER)) + ANSWER
+    handle, seen = resetting(answer, "resets")
+    transport = keeping()
+    async with serving(handle, transport) as url:
+        await fetch(url, transport)
+        assert (await fetch(url, transport))[1] == ANSWER
+    assert seen == ["resets", "answered"]
+
+
+@pytest.mark.parametrize("then", ["closes", "resets-answering"])
+async def test_a_kept_connection_lost_after_its_request_was_read_is_not_sent_again(
+    then: str,
+) -> None:
+    """The request was read (the code may have run): the loss is the caller's to report."""
+    answer = head(b"200 OK", b"Content-Length: %d" % len(ANSWER)) + ANSWER
+    handle, seen = resetting(answer, then)
+    transport = keeping()
+    async with serving(handle, transport) as url:
+        await fetch(url, transport)
+        with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+            await fetch(url, transport)
+    assert seen == [then]
 
 
 def holding(answer: bytes, *, closed: list[bool] | None = None) -> Callable[[socket.socket], None]:
