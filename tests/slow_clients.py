@@ -28,6 +28,13 @@ def head(port: int, method: str = "POST", path: str = "/", length: int = 100) ->
     ).encode()
 
 
+def padded(complete_head: bytes, pad: int, *, finished: bool) -> bytes:
+    """``complete_head`` with a field of ``pad`` bytes more; ``finished``: ended by its blank
+    line, else cut off before it (a head still being sent)."""
+    padded_head = complete_head[:-2] + b"X-Pad: " + b"a" * pad + b"\r\n"
+    return padded_head + b"\r\n" if finished else padded_head
+
+
 async def stall(port: int, data: bytes) -> SocketStream:
     """A connection that sent ``data`` and then nothing more."""
     stream = await anyio.connect_tcp("127.0.0.1", port)

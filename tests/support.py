@@ -31,6 +31,7 @@ from mcp.types import CallToolResult
 
 from evaluator.cgroups import _cgroup_mounts, _own_v2_cgroup
 from evaluator.host import interpreter_paths, working_directory
+from serving import guarded_protocol
 
 #: The time limit of evaluators shared by many tests: far above what any call of the suite needs
 #: (the heaviest, numpy + pandas + a figure, takes about 1 s on an idle machine), so that a
@@ -45,13 +46,19 @@ HAS_313 = os.path.exists(PY313)  # False, not PermissionError, where /root is cl
 def serve(app: Any, *, startup_timeout: float = 180.0) -> Iterator[str]:
     """Run an ASGI app under uvicorn in a thread on a free loopback port; yield its base URL.
 
+    It is served as both services serve it (:func:`serving.guarded_protocol`), with bounds no
+    test reaches.
+
     Waits on uvicorn's own ``started`` flag (set once the socket listens and the lifespan has
     started) rather than on a fixed delay, and fails the test if startup does not finish.
     ``startup_timeout`` only catches a start that hangs: a gateway's start includes its
     in-process evaluator's and the environment probe (up to 15 s), which took over 30 s in the
     emulated cgroup v2 VM on a slow host.
     """
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    protocol = guarded_protocol(header_timeout=120, max_connections=4096)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", http=protocol
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

@@ -12,11 +12,13 @@ import anyio
 import httpx
 import pytest
 
+from serving.protocol import MAX_HEAD_BYTES
 from tests.gateway.harness import ServiceProcess, evaluator_process, running
 from tests.slow_clients import (
     MANY,
     drop_many,
     head,
+    padded,
     read_until_closed,
     refuse_beyond_cap,
     stall,
@@ -67,6 +69,26 @@ async def test_a_half_sent_head_after_an_answer_is_dropped(service: ServiceProce
         await stream.send(eval_head(service)[:30])
         answer = await read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+
+
+async def test_a_head_past_its_bound_is_refused_at_once(service: ServiceProcess) -> None:
+    """The parser holds an unfinished head whole: past the bound it is answered 431 and closed,
+    not held until the request timeout."""
+    long_head = padded(eval_head(service), MAX_HEAD_BYTES, finished=False)
+    async with await stall(service.port, long_head) as stream:
+        answer = await read_until_closed(stream)
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), answer
+    assert answer.endswith(f"The request head is longer than {MAX_HEAD_BYTES} bytes.\n".encode())
+
+
+async def test_a_long_head_within_its_bound_is_served(service: ServiceProcess) -> None:
+    long_head = padded(eval_head(service), MAX_HEAD_BYTES - 1024, finished=True)
+    async with await stall(service.port, long_head + BODY) as stream:
+        with anyio.fail_after(30):
+            answer = b""
+            while b'"returncode"' not in answer:
+                answer += await stream.receive()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
 
 
 async def test_a_connection_that_sends_nothing_is_closed(service: ServiceProcess) -> None:

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from mcp import Client
 
+from serving.protocol import MAX_HEAD_BYTES
 from tests.gateway.harness import (
     ACCEPT,
     PROTOCOL_VERSION,
@@ -36,6 +37,7 @@ from tests.slow_clients import (
     MANY,
     drop_many,
     head,
+    padded,
     read_until_closed,
     refuse_beyond_cap,
     stall,
@@ -338,6 +340,13 @@ async def test_a_request_sent_in_time_is_answered(guarded: ServiceProcess) -> No
             while b'"serverInfo"' not in answer:
                 answer += await stream.receive()
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+async def test_a_head_past_its_bound_is_refused_at_once(guarded: ServiceProcess) -> None:
+    long_head = padded(mcp_head(guarded), MAX_HEAD_BYTES, finished=False)
+    async with await stall(guarded.port, long_head) as stream:
+        answer = await read_until_closed(stream)
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), answer
 
 
 @pytest.mark.parametrize("part", ["head", "body"])
