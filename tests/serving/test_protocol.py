@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -28,7 +29,7 @@ async def answer(request: Request) -> Response:
 
 
 async def stream(request: Request) -> Response:
-    async def events():  # type: ignore[no-untyped-def]
+    async def events() -> AsyncIterator[bytes]:
         for n in range(3):
             yield b"event %d\n" % n
             await asyncio.sleep(0.05)
