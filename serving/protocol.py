@@ -10,8 +10,9 @@ at the protocol level, the only place where a request that never finishes its he
   opening, and on a kept-alive connection, of the next request's first byte; otherwise it is
   answered 408 (or, if it sent nothing at all, just closed). The same holds for bytes of a body
   that trickle in after the answer (the app did not read them);
-- a request head (its line and fields) longer than :data:`MAX_HEAD_BYTES` is answered 431 and
-  its connection closed: the parser would hold it whole;
+- a request head (its line and fields) still unfinished after :data:`MAX_HEAD_BYTES` have
+  arrived is answered 431 and its connection closed: the parser holds an unfinished head whole
+  (as h11 did, a longer head that arrives whole in one read, at most 256 KiB, is parsed);
 - while ``max_connections`` connections are open, a new one is answered 503 and closed at once.
 
 httptools (llhttp, in C) rather than h11 (pure Python): on these machines a request served
