@@ -2,8 +2,8 @@
 
 - :mod:`serving.settings`: settings read from environment variables and ``--flags``, both made
   from one declaration (:class:`ExplicitSettings`, :func:`load`), refused values in one line.
-- :mod:`serving.protocol`: uvicorn's httptools protocol with a deadline and a length bound for
-  each request's head, and a cap on connections (:func:`guarded_protocol`).
+- :mod:`serving.protocol`: uvicorn's h11 protocol with a deadline for each request's headers
+  and a cap on connections, each answer written in one piece (:func:`guarded_protocol`).
 - :mod:`serving.deadline`: ASGI middleware with a deadline for each request's body
   (:class:`RequestDeadline`).
 - :mod:`serving.table`: a bounded table whose longest idle entries close to make room, fairly
@@ -16,7 +16,7 @@ each served with both bounds; the layering is checked by ``tests/test_layering.p
 """
 
 from .deadline import RequestDeadline, send_text
-from .protocol import GuardedHttpProtocol, guarded_protocol
+from .protocol import GuardedH11Protocol, guarded_protocol
 from .settings import (
     EnvironmentSource,
     ExplicitSettings,
@@ -38,7 +38,7 @@ __all__ = [
     "ExplicitSettings",
     "FairSlots",
     "Flag",
-    "GuardedHttpProtocol",
+    "GuardedH11Protocol",
     "RequestDeadline",
     "SettingsError",
     "SlotTimeout",

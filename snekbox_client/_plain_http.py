@@ -169,7 +169,9 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
                 ("the code may have run"); a reset means the server's socket closed with the
                 request unread, or after it had gone: a kept-alive connection the server had
                 left while the idle check could not yet tell (its end of file not yet through
-                the kernel, or its socket briefly held by a child being spawned).
+                the kernel, or its socket briefly held by a child being spawned). This holds
+                for the server's own socket, or a proxy that passes closes on as they come,
+                not one that resets its clients' connections itself (see docs/operations.md).
         """
         doing = "write"
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 
 import httpx
@@ -28,11 +29,21 @@ async def answer(request: Request) -> Response:
     return PlainTextResponse(BODY)
 
 
+#: Set by the client once it has the stream's first piece (the server's own loop runs in
+#: another thread).
+FIRST_PIECE_READ = threading.Event()
+
+
 async def stream(request: Request) -> Response:
     async def events() -> AsyncIterator[bytes]:
-        for n in range(3):
-            yield b"event %d\n" % n
-            await asyncio.sleep(0.05)
+        yield b"first\n"
+        # Not written until the client read the first piece: a write held back fails here.
+        for _ in range(3000):
+            if FIRST_PIECE_READ.is_set():
+                yield b"second\n"
+                return
+            await asyncio.sleep(0.01)
+        yield b"the first piece did not reach the client within 30 s\n"
 
     return StreamingResponse(events(), media_type="text/plain")
 
@@ -70,9 +81,12 @@ def test_an_answer_reaches_the_client_in_one_piece() -> None:
 
 @pytest.mark.anyio
 async def test_a_streamed_answer_goes_out_as_it_is_written() -> None:
-    """Joining waits for nothing: each piece of a stream is sent in the turn it was written."""
+    """Joining waits for nothing: a piece of a stream is sent in the turn it was written."""
+    FIRST_PIECE_READ.clear()
+    pieces = []
     with serve(APP) as url:
         async with httpx.AsyncClient() as client, client.stream("GET", url + "/stream") as reply:
-            pieces = [piece async for piece in reply.aiter_raw()]
-    assert b"".join(pieces) == b"event 0\nevent 1\nevent 2\n"
-    assert len(pieces) == 3
+            async for piece in reply.aiter_raw():
+                pieces.append(piece)
+                FIRST_PIECE_READ.set()
+    assert b"".join(pieces) == b"first\nsecond\n"
