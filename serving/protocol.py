@@ -25,10 +25,10 @@ however the app is served. Both services pass :func:`guarded_protocol` to uvicor
 under the uvicorn CLI, ``--http serving.protocol:GuardedH11Protocol`` gives the defaults.
 
 h11 rather than httptools, though httptools costs a quarter less CPU per request: under uvicorn
-(0.35 to 0.38) with httptools, a request carrying ``Upgrade`` (as Java's HttpClient sends for
-h2c) has its body skipped and then parsed as a request of its own, and chunked trailers are
-not bounded. uvicorn's ``auto`` picks httptools when it is installed; naming the class keeps
-h11 everywhere.
+0.54 with httptools 0.9 (tried here), a request carrying ``Upgrade`` (as Java's HttpClient
+sends for h2c) has its body skipped and then parsed as a request of its own, and chunked
+trailers are not bounded. uvicorn's ``auto`` picks httptools when it is installed; naming the
+class keeps h11 everywhere.
 """
 
 from __future__ import annotations
