@@ -153,7 +153,6 @@ class LiveSessions:
         """
         self.expire()
         session = self._table.get(session_id)
-        started = session is None
         if session is None:
             if request.session_resume and session_id not in self._starting:
                 raise SessionNotFound(session_id)
@@ -165,13 +164,8 @@ class LiveSessions:
                 None,
                 session_ended=False,
             )
-        try:
-            return await self._run_in(session, args, request, time_limit, layers, cell)
-        finally:
-            if started:
-                # The sandbox it took is made again once this cell has answered, as after a
-                # one-shot run: making it first would delay the cell.
-                self._pool.refill_soon()
+        # The sandbox a new session took is made again once the run's slot is given back.
+        return await self._run_in(session, args, request, time_limit, layers, cell)
 
     async def _run_in(
         self,

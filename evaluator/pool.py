@@ -51,9 +51,10 @@ __all__ = ["Sandbox", "SandboxPool"]
 log = logging.getLogger(__name__)
 
 _ANSWER_FIRST = 0.002
-#: Seconds after a new session's first cell answered before its sandbox is made again: the
-#: making takes the GIL now and then, slowing that answer and a gateway's waiting on it.
-_AFTER_SESSION_ANSWER = 0.02
+#: Seconds after a run gave its slot back before the pool is refilled: making a sandbox holds
+#: the GIL for milliseconds at a time (``posix_spawn`` releases it only once the child has
+#: exec'd), which would hold up that run's answer, and a gateway's waiting on it.
+_AFTER_ANSWER = 0.02
 #: Seconds into a run that took a warm sandbox after which its replacement is made, if the run's
 #: answer has not made it already (a short run's answer goes first; a long run's does not
 #: keep the pool short meanwhile).
@@ -159,9 +160,9 @@ class SandboxPool:
 
     def take_warm(self) -> Sandbox | None:
         """A warm sandbox whose agent waits for its run, else a started one, if there is one;
-        a miss makes the pool keep one more warm one (see the module). The caller refills the
-        pool once its run has answered (:meth:`retire`, :meth:`refill_soon`), or it is
-        refilled :data:`_REFILL_DURING` seconds into the run."""
+        a miss makes the pool keep one more warm one (see the module). The pool is refilled once
+        the run has answered (:meth:`refill_soon`, when its slot is given back), or
+        :data:`_REFILL_DURING` seconds into the run."""
         if self._full is None:
             return None
         if not self._full.waiting:
@@ -253,7 +254,7 @@ class SandboxPool:
     def refill_soon(self) -> None:
         """:meth:`refill` once the answer, and a gateway's answer waiting on it, have gone."""
         if not self._closing:
-            asyncio.get_running_loop().call_later(_AFTER_SESSION_ANSWER, self.refill)
+            asyncio.get_running_loop().call_later(_AFTER_ANSWER, self.refill)
 
     async def _fill(self) -> None:
         while self._fill_again and not self._closing:

@@ -269,10 +269,10 @@ class Evaluator:
             pool.start_warming(commands.agent_argv, config.warm_sandboxes, most, spare, cpus, light)
 
     def _refill(self) -> None:
-        """After each run, which may leave a CPU spare (see :mod:`.pool`); a session's cell
-        retires no sandbox, whose disposal would otherwise refill the pool."""
+        """After each run's answer (a run may leave a CPU spare, see :mod:`.pool`); a session's
+        cell retires no sandbox, whose disposal would otherwise refill the pool."""
         if self._pool is not None and not self._closing:
-            self._pool.refill()
+            self._pool.refill_soon()
 
     async def run(self, request: EvalRequest) -> EvalResult:
         """Run one request and return its result.

@@ -445,6 +445,36 @@ async def test_a_warm_sandbox_a_session_took_is_made_again_once_its_cell_ended()
                 await asyncio.sleep(0.05)
 
 
+@pytest.mark.parametrize("session", [None, "new"], ids=["one-shot", "new session"])
+async def test_a_runs_answer_goes_before_the_warm_sandbox_it_took_is_made_again(
+    session: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Making a sandbox holds the GIL for milliseconds at a time: begun when the run gives its
+    slot back, it would hold up the answer. The run is awaited as the API awaits it (a task),
+    so a refill begun with the slot's release would be noted before the answer is."""
+    events: list[str] = []
+    make_in_thread = SandboxMaker.make_in_thread
+
+    async def noting_make(self: SandboxMaker, **kwargs: bool) -> pool.Sandbox:
+        events.append("make")
+        return await make_in_thread(self, **kwargs)
+
+    # One warm sandbox and nothing else to make; however slow the run, no refill during it.
+    settings = config(warm_sandboxes=1, warm_sandboxes_max=1, preimport=("json",), max_sessions=2)
+    monkeypatch.setattr(pool, "_REFILL_DURING", 3600)
+    async with Evaluator(settings) as ev:
+        await until_warm(ev)
+        assert ev._pool is not None
+        await ev._pool.settled()
+        monkeypatch.setattr(SandboxMaker, "make_in_thread", noting_make)
+        run = asyncio.ensure_future(ev.run(EvalRequest(args=("-c", "print(1)"), session=session)))
+        await asyncio.wait({run})
+        events.append("answered")
+        assert run.result().stdout == "1\n", run.result()
+        await until_warm(ev)
+    assert events[:2] == ["answered", "make"], events
+
+
 async def test_a_cold_sessions_first_cell_goes_before_any_sandbox_is_made_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
