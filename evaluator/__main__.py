@@ -73,6 +73,17 @@ class ServiceSettings(ExplicitSettings):
         ),
         Flag("connections open at once; one more is answered 503 and closed"),
     ] = 256
+    keep_alive_timeout: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=3600,
+            description="`python -m evaluator` only: seconds an idle kept-alive connection "
+            "stays open: longer than a gateway keeps one (5 s), so that it never sends on a "
+            "connection being closed",
+        ),
+        Flag("seconds an idle kept-alive connection stays open"),
+    ] = 75
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:
@@ -114,7 +125,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     served = RequestDeadline(app, service.request_timeout)
     uvicorn.run(
-        served, host=service.host, port=service.port, log_level=args.log_level, http=protocol
+        served,
+        host=service.host,
+        port=service.port,
+        log_level=args.log_level,
+        http=protocol,
+        timeout_keep_alive=service.keep_alive_timeout,
     )
 
 

@@ -107,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=settings.log_level,
         # After the drain, what remains are idle streams: close them promptly.
         timeout_graceful_shutdown=2,
+        timeout_keep_alive=settings.keep_alive_timeout,
         http=guarded_protocol(
             header_timeout=settings.request_timeout, max_connections=settings.max_connections
         ),

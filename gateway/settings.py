@@ -226,10 +226,15 @@ class Settings(ExplicitSettings):
         "opening, or on a kept-alive connection from their first byte), then as long again for "
         "its body; later: 408, connection closed",
     )
-    # python-mcp-server only: plain uvicorn has its own (see docs/operations.md).
+    # python-mcp-server only, as the next: plain uvicorn has its own (see docs/operations.md).
     max_connections: PositiveInt = Field(
         default=512,
         description="connections open at once; one more is answered 503 and closed at once",
+    )
+    keep_alive_timeout: PositiveInt = Field(
+        default=75,
+        description="seconds an idle kept-alive connection stays open: past clients' own (httpx "
+        "5 s) and a proxy's idle timeout, so that none sends on a connection being closed",
     )
     # At least enough for the status and the lists of names.
     max_result_bytes: int = Field(
@@ -306,13 +311,11 @@ class Settings(ExplicitSettings):
         *,
         flags: Mapping[str, Any] | argparse.Namespace | None = None,
     ) -> Settings:
-        """Settings from ``environ`` (empty variables are unset), ``flags`` winning over it.
-
-        ``flags`` maps setting names to the values given on the command line.
+        """Settings from ``environ`` (empty variables are unset), ``flags`` (setting names to
+        the values given on the command line) winning over it.
 
         Raises:
-            SettingsError: every value that is not allowed, the evaluator's (``EVALUATOR_*``)
-                first, in one line.
+            SettingsError: every value not allowed, the evaluator's (``EVALUATOR_*``) first.
         """
         try:
             evaluator_config = EvaluatorConfig.from_env(environ)

@@ -17,6 +17,8 @@ from tests.gateway.harness import ServiceProcess, open_fds, wait_for
 HELD_AT_MOST = 30.0
 #: Stalled connections opened at once by the "many" checks: a few hundred, under the cap.
 MANY = 250
+#: Seconds idle past uvicorn's keep-alive timeout (5 s), which httpx's is too.
+KEPT_PAST = 6.0
 
 
 def head(port: int, method: str = "POST", path: str = "/", length: int = 100) -> bytes:
@@ -106,3 +108,36 @@ async def refuse_beyond_cap(service: ServiceProcess, cap: int, data: bytes) -> b
     finally:
         for stream in streams:
             await stream.aclose()
+
+
+async def answered_after_a_pause(port: int, path: str, pause: float) -> list[bytes]:
+    """Two ``GET path`` on one connection, ``pause`` seconds apart: each answer's head, or
+    ``b""`` for the second when the server closed the idle connection meanwhile."""
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    heads: list[bytes] = []
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        for turn in range(2):
+            await anyio.sleep(pause if turn else 0)
+            try:
+                await stream.send(request)
+                heads.append(await _answer_head(stream))
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                heads.append(b"")
+    return heads
+
+
+async def _answer_head(stream: SocketStream) -> bytes:
+    """An answer's head, its body read past (``Content-Length``)."""
+    received = b""
+    with anyio.fail_after(HELD_AT_MOST):
+        while b"\r\n\r\n" not in received:
+            received += await stream.receive()
+        answer_head, _, body = received.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in answer_head.lower().split(b"\r\n")
+            if line.startswith(b"content-length:")
+        )
+        while len(body) < length:
+            body += await stream.receive()
+    return answer_head

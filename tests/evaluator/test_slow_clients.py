@@ -15,7 +15,9 @@ import pytest
 from serving.protocol import MAX_HEAD_BYTES
 from tests.gateway.harness import ServiceProcess, evaluator_process, running
 from tests.slow_clients import (
+    KEPT_PAST,
     MANY,
+    answered_after_a_pause,
     drop_many,
     head,
     padded,
@@ -141,3 +143,10 @@ async def test_a_connection_beyond_the_cap_is_refused(service: ServiceProcess) -
             except httpx.TransportError:
                 pass
             await anyio.sleep(0.1)
+
+
+async def test_an_idle_connection_outlives_the_gateways_keep_alive(service: ServiceProcess) -> None:
+    """Kept open past a gateway's 5 s: the gateway closes it first, never sending on a
+    connection the evaluator is closing."""
+    heads = await answered_after_a_pause(service.port, "/info", KEPT_PAST)
+    assert [h.split(b"\r\n", 1)[0] for h in heads] == [b"HTTP/1.1 200 OK"] * 2, heads

@@ -34,7 +34,9 @@ from tests.gateway.harness import (
     wait_for,
 )
 from tests.slow_clients import (
+    KEPT_PAST,
     MANY,
+    answered_after_a_pause,
     drop_many,
     head,
     padded,
@@ -182,7 +184,7 @@ SSE_FLOOD = 3 * MAX_SESSIONS
 async def test_an_sse_flood_does_not_lock_out_new_clients(gateway: ServiceProcess) -> None:
     """Held-open SSE streams count as sessions: beyond the cap, the oldest idle are ended."""
     request = f"GET /sse HTTP/1.1\r\nHost: 127.0.0.1:{gateway.port}\r\nAccept: text/event-stream"
-    streams = []
+    streams, tails = [], []
     with anyio.fail_after(60):
         for _ in range(SSE_FLOOD):
             stream = await stall(gateway.port, f"{request}\r\n\r\n".encode())
@@ -190,11 +192,12 @@ async def test_an_sse_flood_does_not_lock_out_new_clients(gateway: ServiceProces
             while b"session_id=" not in received:
                 received += await stream.receive()
             streams.append(stream)
+            tails.append(received[-8:])  # the end of the last chunk: the terminator's start
     ended = [False] * SSE_FLOOD
     enough_ended = anyio.Event()
 
     async def watch(index: int) -> None:
-        received = b""
+        received = tails[index]
         try:
             while b"\r\n0\r\n\r\n" not in received:  # the end of the chunked stream
                 received = received[-8:] + await streams[index].receive()
@@ -347,6 +350,13 @@ async def test_a_head_past_its_bound_is_refused_at_once(guarded: ServiceProcess)
     async with await stall(guarded.port, long_head) as stream:
         answer = await read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+
+
+async def test_an_idle_connection_outlives_the_clients_keep_alive(guarded: ServiceProcess) -> None:
+    """Kept open past httpx's 5 s (uvicorn's own timeout): the client closes it first, never
+    sending on a connection the gateway is closing."""
+    heads = await answered_after_a_pause(guarded.port, "/healthz", KEPT_PAST)
+    assert [h.split(b"\r\n", 1)[0] for h in heads] == [b"HTTP/1.1 200 OK"] * 2, heads
 
 
 @pytest.mark.parametrize("part", ["head", "body"])
