@@ -20,6 +20,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from serving import (
+    KEEP_ALIVE_TIMEOUT,
     ExplicitSettings,
     Flag,
     RequestDeadline,
@@ -79,11 +80,11 @@ class ServiceSettings(ExplicitSettings):
             ge=1,
             le=3600,
             description="`python -m evaluator` only: seconds an idle kept-alive connection "
-            "stays open: longer than a gateway keeps one (5 s), so that it never sends on a "
-            "connection being closed",
+            "stays open (it counts as one of `EVALUATOR_MAX_CONNECTIONS`): longer than a "
+            "gateway keeps one (4 s)",
         ),
         Flag("seconds an idle kept-alive connection stays open"),
-    ] = 75
+    ] = KEEP_ALIVE_TIMEOUT
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:

@@ -55,11 +55,6 @@ MAX_JSON_STRUCTURE = 500_000
 RESERVED_DIRS = (TMP_DIR, MPLCONFIGDIR)
 
 
-#: Sent with a refusal before the body was read whole: the connection closes after it rather
-#: than wait, until the keep-alive timeout, for a body nobody reads.
-_CLOSE = {"Connection": "close"}
-
-
 class _HTTPError(Exception):
     """An answer other than 200, with Falcon's body."""
 
@@ -192,13 +187,9 @@ class _EvalEndpoint:
                     415,
                     "415 Unsupported Media Type",
                     f"{content_type} is an unsupported media type.",
-                    _CLOSE,
                 )
         too_large = _HTTPError(
-            413,
-            "413 Payload Too Large",
-            f"The request body is larger than {self._max_body} bytes.",
-            _CLOSE,
+            413, "413 Payload Too Large", f"The request body is larger than {self._max_body} bytes."
         )
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > self._max_body:
@@ -216,7 +207,6 @@ class _EvalEndpoint:
                     "413 Payload Too Large",
                     f"The request body has more than {MAX_JSON_STRUCTURE} commas and brackets; "
                     "send large data as files.",
-                    _CLOSE,
                 )
         if not data:
             raise _HTTPError(400, "Invalid JSON", "Could not parse an empty JSON body")

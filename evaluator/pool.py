@@ -16,7 +16,8 @@ calls that come steadily find one warm:
   wants, so they are made at once, however busy the service is, as many at a time as the
   service has CPUs (more would share the spare CPU time, each ready later);
 - without one, one at a time, started only while fewer runs are in progress than the service
-  has CPUs (a run's end tries again): a run then shares a CPU with one agent's imports at most.
+  has CPUs (a run's end tries again, once its answer has gone): a run then shares a CPU with
+  one agent's imports at most.
 
 How many are kept follows demand (see :mod:`.warming`): ``count``
 (``EVALUATOR_WARM_SANDBOXES``) at the least, up to ``most`` (``EVALUATOR_WARM_SANDBOXES_MAX``)

@@ -21,7 +21,7 @@ class RunSlots:
     that comes free goes to a waiting run of the owner running the fewest. A run waits until a
     slot comes, however long.
 
-    ``on_release``: called each time a run has given its slot back (the pool refills then).
+    ``on_release``: called each time a run has given its slot back (the pool refills after).
     """
 
     def __init__(self, concurrency: int, queue_limit: int, on_release: Callable[[], None]) -> None:

@@ -32,7 +32,7 @@ from pydantic_settings import SettingsConfigDict
 
 import plotting
 from evaluator import EvaluatorConfig
-from serving import ExplicitSettings, Flag, SettingsError, load
+from serving import KEEP_ALIVE_TIMEOUT, ExplicitSettings, Flag, SettingsError, load
 
 from .edge import is_loopback
 from .setting_types import (
@@ -232,9 +232,9 @@ class Settings(ExplicitSettings):
         description="connections open at once; one more is answered 503 and closed at once",
     )
     keep_alive_timeout: PositiveInt = Field(
-        default=75,
-        description="seconds an idle kept-alive connection stays open: past clients' own (httpx "
-        "5 s) and a proxy's idle timeout, so that none sends on a connection being closed",
+        default=KEEP_ALIVE_TIMEOUT,
+        description="seconds an idle kept-alive connection stays open (it counts as one of "
+        "`MCP_MAX_CONNECTIONS`): past clients' own (httpx 5 s) and a proxy's idle timeout",
     )
     # At least enough for the status and the lists of names.
     max_result_bytes: int = Field(

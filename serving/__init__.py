@@ -16,7 +16,7 @@ each served with both bounds; the layering is checked by ``tests/test_layering.p
 """
 
 from .deadline import RequestDeadline, send_text
-from .protocol import GuardedH11Protocol, guarded_protocol
+from .protocol import KEEP_ALIVE_TIMEOUT, GuardedH11Protocol, guarded_protocol
 from .settings import (
     EnvironmentSource,
     ExplicitSettings,
@@ -32,6 +32,7 @@ from .slots import FairSlots, SlotsFull, SlotTimeout
 from .table import BoundedTable, Entry, TableFull
 
 __all__ = [
+    "KEEP_ALIVE_TIMEOUT",
     "BoundedTable",
     "Entry",
     "EnvironmentSource",

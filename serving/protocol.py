@@ -12,6 +12,9 @@ at the protocol level, the only place where a request that never finishes its he
   that trickle in after the answer (the app did not read them);
 - while ``max_connections`` connections are open, a new one is answered 503 and closed at once.
 
+An idle kept-alive connection is closed after :data:`KEEP_ALIVE_TIMEOUT` seconds by default
+(uvicorn's ``timeout_keep_alive``), and counts against ``max_connections`` meanwhile.
+
 h11 bounds an unfinished request head too: past :data:`MAX_HEAD_BYTES` the request is answered
 400 and its connection closed.
 
@@ -41,12 +44,16 @@ from typing import Any, ClassVar, cast
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
-__all__ = ["MAX_HEAD_BYTES", "GuardedH11Protocol", "guarded_protocol"]
+__all__ = ["KEEP_ALIVE_TIMEOUT", "MAX_HEAD_BYTES", "GuardedH11Protocol", "guarded_protocol"]
 
 logger = logging.getLogger(__name__)
 
 #: The longest unfinished request head (line and fields) read (h11's default too).
 MAX_HEAD_BYTES = 16 * 1024
+#: Seconds both services keep an idle kept-alive connection by default: longer than clients
+#: keep theirs (httpx 5 s, a gateway 4 s), so that no request is sent on one being closed, which
+#: with uvicorn's own 5 s failed now and then; and than a proxy's (ALB, ingress-nginx: 60 s).
+KEEP_ALIVE_TIMEOUT = 75
 #: Bytes waiting to be joined with the next write of the same turn, at most: more go at once,
 #: so that an app writing without pause meets the transport's own flow control.
 _JOINED_BYTES = 64 * 1024

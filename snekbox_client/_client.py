@@ -34,9 +34,9 @@ __all__ = ["DEFAULT_TIMEOUT", "SnekboxClient"]
 #: the service as a 137 kill rather than by the client as a timeout.
 DEFAULT_TIMEOUT = 30.0
 
-#: Idle connections are dropped after 4 s: uvicorn (the built-in evaluator as a service) closes
-#: them after 5, and a request sent on one it is closing would come back "connection lost" for
-#: code that never ran.
+#: Idle connections are dropped after 4 s: uvicorn closes them after 5 by default (the built-in
+#: evaluator as a service, after 75), and a request sent on one it is closing would come back
+#: "connection lost" for code that never ran.
 _DEFAULT_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=4)
 _MiB = 1024 * 1024
 #: The most of an error answer read, for its title and description.

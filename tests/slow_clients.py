@@ -120,24 +120,25 @@ async def answered_after_a_pause(port: int, path: str, pause: float) -> list[byt
             await anyio.sleep(pause if turn else 0)
             try:
                 await stream.send(request)
-                heads.append(await _answer_head(stream))
+                heads.append((await read_answer(stream)).partition(b"\r\n\r\n")[0])
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 heads.append(b"")
     return heads
 
 
-async def _answer_head(stream: SocketStream) -> bytes:
-    """An answer's head, its body read past (``Content-Length``)."""
+async def read_answer(stream: SocketStream) -> bytes:
+    """One answer, head and body (of the length its ``Content-Length`` says), as received."""
     received = b""
     with anyio.fail_after(HELD_AT_MOST):
         while b"\r\n\r\n" not in received:
             received += await stream.receive()
         answer_head, _, body = received.partition(b"\r\n\r\n")
-        length = next(
+        lengths = [
             int(line.split(b":", 1)[1])
             for line in answer_head.lower().split(b"\r\n")
             if line.startswith(b"content-length:")
-        )
-        while len(body) < length:
+        ]
+        assert len(lengths) == 1, f"not an answer of a known length: {answer_head!r}"
+        while len(body) < lengths[0]:
             body += await stream.receive()
-    return answer_head
+    return received[: len(answer_head) + 4] + body

@@ -21,7 +21,7 @@ from evaluator import Evaluator, EvaluatorConfig, create_app
 from evaluator.api import MAX_JSON_STRUCTURE
 from evaluator.config import MiB
 from tests.gateway.harness import evaluator_process, running
-from tests.slow_clients import head, read_until_closed, stall
+from tests.slow_clients import head, read_answer, stall
 
 from .conftest import config, run
 
@@ -44,7 +44,7 @@ async def test_a_body_announced_over_the_cap_is_refused_before_it_is_sent() -> N
     with running(evaluator_process(5)) as service:
         # The head only: the answer must not wait for a body that is never sent.
         async with await stall(service.port, head(service.port, "POST", "/eval", CAP + 1)) as s:
-            answer = await read_until_closed(s, within=NOT_HELD)
+            answer = await read_answer(s)
     status, _, body = answer.partition(b"\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 413 "), answer
     assert json.loads(body) == {

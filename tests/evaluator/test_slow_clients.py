@@ -146,7 +146,7 @@ async def test_a_connection_beyond_the_cap_is_refused(service: ServiceProcess) -
 
 
 async def test_an_idle_connection_outlives_the_gateways_keep_alive(service: ServiceProcess) -> None:
-    """Kept open past a gateway's 5 s: the gateway closes it first, never sending on a
+    """Kept open past a gateway's 4 s (and uvicorn's own 5 s): the gateway never sends on a
     connection the evaluator is closing."""
     heads = await answered_after_a_pause(service.port, "/info", KEPT_PAST)
     assert [h.split(b"\r\n", 1)[0] for h in heads] == [b"HTTP/1.1 200 OK"] * 2, heads

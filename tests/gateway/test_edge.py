@@ -353,8 +353,8 @@ async def test_a_head_past_its_bound_is_refused_at_once(guarded: ServiceProcess)
 
 
 async def test_an_idle_connection_outlives_the_clients_keep_alive(guarded: ServiceProcess) -> None:
-    """Kept open past httpx's 5 s (uvicorn's own timeout): the client closes it first, never
-    sending on a connection the gateway is closing."""
+    """Kept open past httpx's 5 s (uvicorn's own timeout too): the client never sends on a
+    connection the gateway is closing."""
     heads = await answered_after_a_pause(guarded.port, "/healthz", KEPT_PAST)
     assert [h.split(b"\r\n", 1)[0] for h in heads] == [b"HTTP/1.1 200 OK"] * 2, heads
 
