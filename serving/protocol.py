@@ -10,10 +10,13 @@ at the protocol level, the only place where a request that never finishes its he
   opening, and on a kept-alive connection, of the next request's first byte; otherwise it is
   answered 408 (or, if it sent nothing at all, just closed). The same holds for bytes of a body
   that trickle in after the answer (the app did not read them);
-- while ``max_connections`` connections are open, a new one is answered 503 and closed at once.
+- while ``max_connections`` connections are open, a new one closes the one idle the longest
+  since its answer (a kept-alive connection with no request in progress), or, with none idle,
+  is answered 503 and closed at once.
 
 An idle kept-alive connection is closed after :data:`KEEP_ALIVE_TIMEOUT` seconds by default
-(uvicorn's ``timeout_keep_alive``), and counts against ``max_connections`` meanwhile.
+(uvicorn's ``timeout_keep_alive``); until then, a client that leaves its idle connections open
+would otherwise hold room a new client needs.
 
 h11 bounds an unfinished request head too: past :data:`MAX_HEAD_BYTES` the request is answered
 400 and its connection closed.
@@ -147,6 +150,8 @@ class GuardedH11Protocol(H11Protocol):
     #: An answer is complete: the next request's deadline starts with its first byte (until
     #: then the connection is idle, and uvicorn's keep-alive timeout closes it).
     _kept_alive = False
+    #: When the last answer was complete (the loop's clock).
+    _answered_at = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -154,7 +159,7 @@ class GuardedH11Protocol(H11Protocol):
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.max_connections:
+        if len(self.connections) >= self.max_connections and not self._close_longest_idle():
             self._refused = True
             self.transport = transport
             logger.warning(
@@ -190,7 +195,28 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         self._disarm()
         self._kept_alive = True
+        self._answered_at = self.loop.time()
         super().on_response_complete()
+
+    def _idle(self) -> bool:
+        """Answered, and nothing of another request yet (a pipelined one may be running)."""
+        return self._kept_alive and self.cycle.response_complete and not self.transport.is_closing()
+
+    def _close_longest_idle(self) -> bool:
+        """Close the connection idle the longest since its answer, to make room for this one;
+        whether there was one."""
+        idle = [c for c in self.connections if isinstance(c, GuardedH11Protocol) and c._idle()]
+        if not idle:
+            return False
+        longest = min(idle, key=lambda connection: connection._answered_at)
+        logger.info(
+            "closing the connection idle the longest (%.1f s) for a new one: %d are open "
+            "(the maximum)",
+            self.loop.time() - longest._answered_at,
+            len(self.connections),
+        )
+        longest.transport.close()
+        return True
 
     def _arm(self) -> None:
         self._disarm()

@@ -142,3 +142,23 @@ async def read_answer(stream: SocketStream) -> bytes:
         while len(body) < lengths[0]:
             body += await stream.receive()
     return received[: len(answer_head) + 4] + body
+
+
+async def room_made_at_cap(service: ServiceProcess, cap: int, path: str) -> tuple[bytes, bytes]:
+    """Open ``cap`` connections, each left idle after an answer to ``GET path``; then one more
+    asks the same. Its answer, and what the first (idle the longest) received from then on
+    until the server closed it."""
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{service.port}\r\n\r\n".encode()
+    streams: list[SocketStream] = []
+    try:
+        for _ in range(cap):
+            streams.append(await anyio.connect_tcp("127.0.0.1", service.port))
+            await streams[-1].send(request)
+            await read_answer(streams[-1])
+        async with await anyio.connect_tcp("127.0.0.1", service.port) as extra:
+            await extra.send(request)
+            answer = await read_answer(extra)
+        return answer, await read_until_closed(streams[0])
+    finally:
+        for stream in streams:
+            await stream.aclose()

@@ -23,6 +23,7 @@ from tests.slow_clients import (
     padded,
     read_until_closed,
     refuse_beyond_cap,
+    room_made_at_cap,
     stall,
     trickle,
 )
@@ -150,3 +151,12 @@ async def test_an_idle_connection_outlives_the_gateways_keep_alive(service: Serv
     connection the evaluator is closing."""
     heads = await answered_after_a_pause(service.port, "/info", KEPT_PAST)
     assert [h.split(b"\r\n", 1)[0] for h in heads] == [b"HTTP/1.1 200 OK"] * 2, heads
+
+
+async def test_at_the_cap_the_connection_idle_the_longest_makes_room(
+    service: ServiceProcess,
+) -> None:
+    """Idle kept-alive connections (a gateway's pool, 75 s at most) lock out no one."""
+    answer, first = await room_made_at_cap(service, MAX_CONNECTIONS, "/info")
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+    assert first == b"", "closed without an answer: it had no request in progress"

@@ -42,6 +42,7 @@ from tests.slow_clients import (
     padded,
     read_until_closed,
     refuse_beyond_cap,
+    room_made_at_cap,
     stall,
     trickle,
 )
@@ -375,6 +376,15 @@ async def test_a_connection_beyond_the_cap_is_refused(guarded: ServiceProcess) -
         async with session_client(guarded.url, "http") as client:
             result = await client.call_tool("execute_python_code", SIX_TIMES_SEVEN)
     assert_ran(result)
+
+
+async def test_at_the_cap_the_connection_idle_the_longest_makes_room(
+    guarded: ServiceProcess,
+) -> None:
+    """Idle kept-alive connections (clients that keep them, 75 s at most) lock out no one."""
+    answer, first = await room_made_at_cap(guarded, MAX_CONNECTIONS, "/healthz")
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+    assert first == b"", "closed without an answer: it had no request in progress"
 
 
 # --- loopback only without a token --------------------------------------------------------------
