@@ -69,10 +69,10 @@ class ServiceSettings(ExplicitSettings):
         Field(
             ge=1,
             le=1_000_000,
-            description="`python -m evaluator` only: connections open at once; one more is "
-            "answered 503 and closed at once",
+            description="`python -m evaluator` only: connections open at once; one more "
+            "closes one idle 5 s, or gets a 503",
         ),
-        Flag("connections open at once; one more is answered 503 and closed"),
+        Flag("connections open at once; then one idle 5 s is closed, or a new one refused"),
     ] = 256
     keep_alive_timeout: Annotated[
         int,
@@ -80,8 +80,8 @@ class ServiceSettings(ExplicitSettings):
             ge=1,
             le=3600,
             description="`python -m evaluator` only: seconds an idle kept-alive connection "
-            "stays open (it counts as one of `EVALUATOR_MAX_CONNECTIONS`): longer than a "
-            "gateway keeps one (4 s)",
+            "stays open (unless closed for a new one at the cap): longer than a gateway keeps "
+            "one (4 s)",
         ),
         Flag("seconds an idle kept-alive connection stays open"),
     ] = KEEP_ALIVE_TIMEOUT

@@ -229,12 +229,12 @@ class Settings(ExplicitSettings):
     # python-mcp-server only, as the next: plain uvicorn has its own (see docs/operations.md).
     max_connections: PositiveInt = Field(
         default=512,
-        description="connections open at once; one more is answered 503 and closed at once",
+        description="connections open at once; one more closes one idle 5 s, or gets a 503",
     )
     keep_alive_timeout: PositiveInt = Field(
         default=KEEP_ALIVE_TIMEOUT,
-        description="seconds an idle kept-alive connection stays open (it counts as one of "
-        "`MCP_MAX_CONNECTIONS`): past clients' own (httpx 5 s) and a proxy's idle timeout",
+        description="seconds an idle kept-alive connection stays open (unless closed for a new "
+        "one at the cap): past clients' own (httpx 5 s) and a proxy's idle timeout",
     )
     # At least enough for the status and the lists of names.
     max_result_bytes: int = Field(

@@ -11,12 +11,11 @@ at the protocol level, the only place where a request that never finishes its he
   answered 408 (or, if it sent nothing at all, just closed). The same holds for bytes of a body
   that trickle in after the answer (the app did not read them);
 - while ``max_connections`` connections are open, a new one closes the one idle the longest
-  since its answer (a kept-alive connection with no request in progress), or, with none idle,
-  is answered 503 and closed at once.
+  (see :meth:`GuardedH11Protocol.idle`), or, with none, is answered 503 and closed at once.
 
 An idle kept-alive connection is closed after :data:`KEEP_ALIVE_TIMEOUT` seconds by default
-(uvicorn's ``timeout_keep_alive``); until then, a client that leaves its idle connections open
-would otherwise hold room a new client needs.
+(uvicorn's ``timeout_keep_alive``). So that a client that leaves its idle connections open holds
+no room a new client needs, one idle at least :data:`IDLE_BEFORE_ROOM` seconds is closed for it.
 
 h11 bounds an unfinished request head too: past :data:`MAX_HEAD_BYTES` the request is answered
 400 and its connection closed.
@@ -47,7 +46,13 @@ from typing import Any, ClassVar, cast
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
-__all__ = ["KEEP_ALIVE_TIMEOUT", "MAX_HEAD_BYTES", "GuardedH11Protocol", "guarded_protocol"]
+__all__ = [
+    "IDLE_BEFORE_ROOM",
+    "KEEP_ALIVE_TIMEOUT",
+    "MAX_HEAD_BYTES",
+    "GuardedH11Protocol",
+    "guarded_protocol",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +62,10 @@ MAX_HEAD_BYTES = 16 * 1024
 #: keep theirs (httpx 5 s, a gateway 4 s), so that no request is sent on one being closed, which
 #: with uvicorn's own 5 s failed now and then; and than a proxy's (ALB, ingress-nginx: 60 s).
 KEEP_ALIVE_TIMEOUT = 75
+#: Seconds a connection must have been idle to be closed for a new one at the cap: uvicorn's own
+#: keep-alive, which no client reuses a connection past (httpx 5 s), so none is cut that the old
+#: default would have kept, nor any a client is about to send on.
+IDLE_BEFORE_ROOM = 5.0
 #: Bytes waiting to be joined with the next write of the same turn, at most: more go at once,
 #: so that an app writing without pause meets the transport's own flow control.
 _JOINED_BYTES = 64 * 1024
@@ -139,7 +148,7 @@ class GuardedH11Protocol(H11Protocol):
 
     #: Seconds a connection may take to send a complete request head (line and headers).
     header_timeout: ClassVar[float] = 20.0
-    #: Connections open at once; one more is answered 503 and closed.
+    #: Connections open at once; one more closes one idle, else is answered 503 and closed.
     max_connections: ClassVar[int] = 512
 
     _refused = False
@@ -198,21 +207,32 @@ class GuardedH11Protocol(H11Protocol):
         self._answered_at = self.loop.time()
         super().on_response_complete()
 
-    def _idle(self) -> bool:
-        """Answered, and nothing of another request yet (a pipelined one may be running)."""
-        return self._kept_alive and self.cycle.response_complete and not self.transport.is_closing()
+    def idle(self, now: float) -> bool:
+        """Whether the connection may be closed for a new one: its answer complete and sent at
+        least :data:`IDLE_BEFORE_ROOM` seconds ago, nothing of another request received since
+        (nor of one pipelined before), and the client not still sending a refused body."""
+        return (
+            self._kept_alive
+            and now - self._answered_at >= IDLE_BEFORE_ROOM
+            and self.cycle.response_complete
+            and self.conn.their_state is h11.IDLE
+            and not self.conn.trailing_data[0]
+            # Unsent bytes would hold the socket open after close(), still counted.
+            and not self.transport.get_write_buffer_size()
+            and not self.transport.is_closing()
+        )
 
     def _close_longest_idle(self) -> bool:
         """Close the connection idle the longest since its answer, to make room for this one;
         whether there was one."""
-        idle = [c for c in self.connections if isinstance(c, GuardedH11Protocol) and c._idle()]
+        now = self.loop.time()
+        idle = [c for c in self.connections if isinstance(c, GuardedH11Protocol) and c.idle(now)]
         if not idle:
             return False
         longest = min(idle, key=lambda connection: connection._answered_at)
-        logger.info(
-            "closing the connection idle the longest (%.1f s) for a new one: %d are open "
-            "(the maximum)",
-            self.loop.time() - longest._answered_at,
+        logger.debug(
+            "closing the connection idle the longest (%.1f s) for a new one: %d are open",
+            now - longest._answered_at,
             len(self.connections),
         )
         longest.transport.close()

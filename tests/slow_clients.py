@@ -10,6 +10,7 @@ import anyio
 import httpx
 from anyio.abc import SocketStream
 
+from serving.protocol import IDLE_BEFORE_ROOM
 from tests.gateway.harness import ServiceProcess, open_fds, wait_for
 
 #: How long a stalled connection may stay open before the test fails: far above the services'
@@ -144,21 +145,34 @@ async def read_answer(stream: SocketStream) -> bytes:
     return received[: len(answer_head) + 4] + body
 
 
-async def room_made_at_cap(service: ServiceProcess, cap: int, path: str) -> tuple[bytes, bytes]:
-    """Open ``cap`` connections, each left idle after an answer to ``GET path``; then one more
-    asks the same. Its answer, and what the first (idle the longest) received from then on
-    until the server closed it."""
+#: The connection cap of the services :func:`room_made_at_cap` fills (each its own).
+SMALL_CAP = 10
+
+
+async def room_made_at_cap(service: ServiceProcess, path: str) -> None:
+    """Fill the cap (:data:`SMALL_CAP`, of a service no one else uses) with connections
+    answered ``GET path``: the first has part of another
+    request pipelined behind (a request in progress), the others are idle. Once they have been
+    idle :data:`IDLE_BEFORE_ROOM`, one more is served: the second (idle the longest) is closed
+    for it, without an answer; the first and the third are served on."""
     request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{service.port}\r\n\r\n".encode()
     streams: list[SocketStream] = []
     try:
-        for _ in range(cap):
+        for index in range(SMALL_CAP):
             streams.append(await anyio.connect_tcp("127.0.0.1", service.port))
-            await streams[-1].send(request)
-            await read_answer(streams[-1])
+            await streams[-1].send(request + (request[:20] if index == 0 else b""))
+            answer = await read_answer(streams[-1])
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), (index, answer)
+        await anyio.sleep(IDLE_BEFORE_ROOM + 1)
         async with await anyio.connect_tcp("127.0.0.1", service.port) as extra:
             await extra.send(request)
             answer = await read_answer(extra)
-        return answer, await read_until_closed(streams[0])
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+        assert await read_until_closed(streams[1]) == b"", "closed for it, without an answer"
+        for stream, rest in ((streams[0], request[20:]), (streams[2], request)):
+            await stream.send(rest)
+            answer = await read_answer(stream)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
     finally:
         for stream in streams:
             await stream.aclose()

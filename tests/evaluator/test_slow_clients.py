@@ -17,6 +17,7 @@ from tests.gateway.harness import ServiceProcess, evaluator_process, running
 from tests.slow_clients import (
     KEPT_PAST,
     MANY,
+    SMALL_CAP,
     answered_after_a_pause,
     drop_many,
     head,
@@ -153,10 +154,7 @@ async def test_an_idle_connection_outlives_the_gateways_keep_alive(service: Serv
     assert [h.split(b"\r\n", 1)[0] for h in heads] == [b"HTTP/1.1 200 OK"] * 2, heads
 
 
-async def test_at_the_cap_the_connection_idle_the_longest_makes_room(
-    service: ServiceProcess,
-) -> None:
+async def test_at_the_cap_the_connection_idle_the_longest_makes_room() -> None:
     """Idle kept-alive connections (a gateway's pool, 75 s at most) lock out no one."""
-    answer, first = await room_made_at_cap(service, MAX_CONNECTIONS, "/info")
-    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
-    assert first == b"", "closed without an answer: it had no request in progress"
+    with running(evaluator_process(30, "--max-connections", str(SMALL_CAP))) as service:
+        await room_made_at_cap(service, "/info")
