@@ -20,6 +20,8 @@ HELD_AT_MOST = 30.0
 MANY = 250
 #: Seconds idle past uvicorn's keep-alive timeout (5 s), which httpx's is too.
 KEPT_PAST = 6.0
+#: The connection cap of the services :func:`room_made_at_cap` fills (each its own).
+SMALL_CAP = 10
 
 
 def head(port: int, method: str = "POST", path: str = "/", length: int = 100) -> bytes:
@@ -29,6 +31,11 @@ def head(port: int, method: str = "POST", path: str = "/", length: int = 100) ->
         "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
         f"Content-Length: {length}\r\n\r\n"
     ).encode()
+
+
+def get(port: int, path: str) -> bytes:
+    """A whole ``GET path`` request, without a body."""
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
 
 
 def padded(complete_head: bytes, pad: int, *, finished: bool) -> bytes:
@@ -114,7 +121,7 @@ async def refuse_beyond_cap(service: ServiceProcess, cap: int, data: bytes) -> b
 async def answered_after_a_pause(port: int, path: str, pause: float) -> list[bytes]:
     """Two ``GET path`` on one connection, ``pause`` seconds apart: each answer's head, or
     ``b""`` for the second when the server closed the idle connection meanwhile."""
-    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    request = get(port, path)
     heads: list[bytes] = []
     async with await anyio.connect_tcp("127.0.0.1", port) as stream:
         for turn in range(2):
@@ -145,17 +152,13 @@ async def read_answer(stream: SocketStream) -> bytes:
     return received[: len(answer_head) + 4] + body
 
 
-#: The connection cap of the services :func:`room_made_at_cap` fills (each its own).
-SMALL_CAP = 10
-
-
 async def room_made_at_cap(service: ServiceProcess, path: str) -> None:
     """Fill the cap (:data:`SMALL_CAP`, of a service no one else uses) with connections
-    answered ``GET path``: the first has part of another
-    request pipelined behind (a request in progress), the others are idle. Once they have been
-    idle :data:`IDLE_BEFORE_ROOM`, one more is served: the second (idle the longest) is closed
-    for it, without an answer; the first and the third are served on."""
-    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{service.port}\r\n\r\n".encode()
+    answered ``GET path``: the first has part of another request pipelined behind (a request
+    in progress), the others are idle. Once they have been idle :data:`IDLE_BEFORE_ROOM`, one
+    more is served: the second (idle the longest) is closed for it, without an answer; the
+    first and the third are served on."""
+    request = get(service.port, path)
     streams: list[SocketStream] = []
     try:
         for index in range(SMALL_CAP):
