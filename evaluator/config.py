@@ -236,8 +236,8 @@ class EvaluatorConfig(ConfigRules):
             "`EVALUATOR_WARM_SANDBOXES_MAX`, one fewer after a minute without such a miss; as "
             "many *started* ones are kept beside them where that most is higher (the "
             "interpreter started, nothing imported but the gateway's prelude: about 5 MiB each), "
-            "taken by a run that "
-            "finds no warm one; `0`: none",
+            "taken by a run that finds no warm one, and as many more, up to the same most, as "
+            "runs start cold (made first: they keep up with calls back to back); `0`: none",
         ),
         Flag("sandboxes kept warm (interpreter started, PREIMPORT imported), at least; 0: none"),
     ] = 2
@@ -247,8 +247,8 @@ class EvaluatorConfig(ConfigRules):
             ge=0,
             le=10_000,
             description="the most warm sandboxes demand may keep (each holds about 70 MiB at "
-            "rest; the started ones are besides, none when it is `EVALUATOR_WARM_SANDBOXES`); "
-            "below `EVALUATOR_WARM_SANDBOXES`, that many",
+            "rest), and the most started ones (besides; none when it is "
+            "`EVALUATOR_WARM_SANDBOXES`); below `EVALUATOR_WARM_SANDBOXES`, that many",
         ),
         Flag("the most warm sandboxes demand may keep", default="4 x WARM_SANDBOXES"),
     ] = None

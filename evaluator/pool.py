@@ -19,17 +19,8 @@ calls that come steadily find one warm:
   has CPUs (a run's end tries again, once its answer has gone): a run then shares a CPU with
   one agent's imports at most.
 
-How many are kept follows demand (see :mod:`.warming`): ``count``
-(``EVALUATOR_WARM_SANDBOXES``) at the least, up to ``most`` (``EVALUATOR_WARM_SANDBOXES_MAX``)
-while runs find none. A run takes a warm sandbox only once it is warm.
-
-When they import modules (``EVALUATOR_PREIMPORT``), ``count`` *started* sandboxes are kept
-beside them (with the defaults, 2 started and 2 to 8 warm; none when ``most`` is ``count``):
-the interpreter and agent started, nothing imported but the gateway's prelude (about 5 MiB,
-a few hundredths of a CPU-second to make). A run that finds no warm sandbox takes one of
-those, else a cold one: calls that come faster than sandboxes can be warmed still skip the
-start. They are made before warm ones, one at a time (beside those warming, with a cpu
-controller).
+How many are kept, of the warm ones and of the *started* ones (the agent up, nothing
+imported), and which is made next: see :mod:`.warming`. A run takes one only once it is ready.
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ from .cgroups import Cgroups
 from .jail import MOUNTED
 from .sandbox import Sandbox, SandboxMaker
 from .users import RunUsers
-from .warming import Tier, WarmDemand
+from .warming import Tier, WarmDemand, next_tier
 from .workdir import Workdir, WorkdirRoot
 
 __all__ = ["Sandbox", "SandboxPool"]
@@ -104,10 +95,8 @@ class SandboxPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         # Warm sandboxes (see the module): those that import, and those only started.
-        self._demand = WarmDemand()
         self._full: Tier | None = None
         self._started: Tier | None = None
-        self._started_kept = 0
         self._spare_cpu: Callable[[], bool] = lambda: False
         self._shrink_timer: asyncio.TimerHandle | None = None
         # The task that makes them (see refill), and whether it should look again.
@@ -157,7 +146,12 @@ class SandboxPool:
     @property
     def warm_target(self) -> int:
         """Warm sandboxes kept now (see the module: it follows demand)."""
-        return self._demand.target
+        return self._full.demand.target if self._full is not None else 0
+
+    @property
+    def started_target(self) -> int:
+        """Started sandboxes kept now (see the module: it follows demand too)."""
+        return self._started.demand.target if self._started is not None else 0
 
     def take_warm(self) -> Sandbox | None:
         """A warm sandbox whose agent waits for its run, else a started one, if there is one;
@@ -167,9 +161,11 @@ class SandboxPool:
         if self._full is None:
             return None
         if not self._full.waiting:
-            self._demand.missed()
+            self._full.demand.missed()
         tier = next((t for t in (self._full, self._started) if t and t.waiting), None)
         if tier is None:
+            if self._started is not None:
+                self._started.demand.missed()
             return None
         self.warm_taken += 1
         asyncio.get_running_loop().call_later(_REFILL_DURING, self.refill)
@@ -195,12 +191,11 @@ class SandboxPool:
         CPUs, the most warmed at a time with a cpu controller.
         """
         self._spare_cpu = spare_cpu
-        self._full = Tier(agent, max(1, cpus))
-        self._demand = WarmDemand(count, most)
+        self._full = Tier(agent, max(1, cpus), WarmDemand(count, most))
         # Beside the warm ones, where demand may grow: a pool asked to keep exactly ``count``
         # (a bound on its processes) has no started ones.
-        self._started_kept = count if started and self._demand.most > count else 0
-        self._started = Tier(started, 1) if started and self._started_kept else None
+        if started and self._full.demand.most > count:
+            self._started = Tier(started, max(1, cpus), WarmDemand(count, most))
         self.refill()
 
     def prepare(self, *, warm: bool = False, session: bool = False) -> Sandbox:
@@ -299,28 +294,30 @@ class SandboxPool:
 
     def _next_tier(self) -> Tier | None:
         """Which kind of warm sandbox to start now, if any (see the module)."""
-        full, started = self._full, self._started
-        if full is None or self._closing or not self._demand.target:
+        full = self._full
+        if full is None or self._closing or not full.demand.target:
             return None
         self._shrink()
-        short = [
-            tier
-            for tier, kept in ((started, self._started_kept), (full, self._demand.target))
-            if tier is not None and len(tier.waiting) + len(tier.warming) < kept
-        ]
-        if self._cgroups.cpu is not None:
-            return next((tier for tier in short if len(tier.warming) < tier.at_once), None)
-        warming = full.warming or (started is not None and started.warming)
-        return short[0] if short and not warming and self._spare_cpu() else None
+        cpu_controller = self._cgroups.cpu is not None
+        return next_tier(
+            full, self._started, cpu_controller=cpu_controller, spare_cpu=self._spare_cpu
+        )
 
     def _shrink(self) -> None:
-        """One warm sandbox fewer once demand says so; a surplus one waiting is disposed of."""
+        """One warm (or started) sandbox fewer once demand says so; a surplus one waiting is
+        disposed of."""
         if self._full is None or self._closing:
             return
-        if self._demand.shrink() and len(self._full.waiting) > self._demand.target:
-            self._spawn(self.dispose(self._full.waiting.pop(0)))
-        wait = self._demand.next_shrink()
-        if self._shrink_timer is None and wait is not None:
+        waits = []
+        for tier in (self._full, self._started):
+            if tier is None:
+                continue
+            if (surplus := tier.shrink()) is not None:
+                self._spawn(self.dispose(surplus))
+            if (wait := tier.demand.next_shrink()) is not None:
+                waits.append(wait)
+        if self._shrink_timer is None and waits:
+            wait = min(waits)
             # Also when no run comes to look: an idle service gives the memory back.
             self._shrink_timer = asyncio.get_running_loop().call_later(wait, self._shrink_later)
 
@@ -363,7 +360,8 @@ class SandboxPool:
             "EVALUATOR_PREIMPORT?): %s",
             output[:500].decode("utf-8", "replace").strip(),
         )
-        self._demand.stop()
+        if self._full is not None:
+            self._full.demand.stop()  # the started ones too (see _next_tier)
         tier.warming.remove(sandbox)
         self._spawn(self.dispose(sandbox))
         return False

@@ -1,9 +1,19 @@
-"""Warm sandboxes: how many to keep (what was asked for at the least, more while runs miss
-one), and those of one agent command line.
+"""Warm sandboxes (see :mod:`.pool`): how many of each kind are kept, and which is made next.
 
-Each run that wanted a warm sandbox and found none adds one, up to ``most``; after
-:data:`SHRINK_AFTER` seconds without such a miss, one fewer, down to the ``floor`` asked for
-again (an idle service gives the memory back).
+How many are kept follows demand: ``count`` (``EVALUATOR_WARM_SANDBOXES``) at the least, up
+to ``most`` (``EVALUATOR_WARM_SANDBOXES_MAX``): each run that wanted a warm sandbox and found
+none adds one; after :data:`SHRINK_AFTER` seconds without such a miss, one fewer, down to
+``count`` again (an idle service gives the memory back).
+
+When they import modules (``EVALUATOR_PREIMPORT``), *started* sandboxes are kept beside them
+(none when ``most`` is ``count``): the interpreter and agent started, nothing imported but the
+gateway's prelude (about 5 MiB, a few hundredths of a CPU-second to make, where a warm one
+takes tenths). A run that finds no warm sandbox takes one of those, else starts cold: calls
+that come faster than sandboxes can be warmed still skip the interpreter's start. How many are
+kept follows the runs that started cold, as the warm ones follow those that found none warm
+(with the defaults, 2 to 8 of each). While fewer are kept than that, they are made first, and
+no warm one is begun meanwhile: under calls that come back to back, the spare CPU time goes
+to the sandboxes that can keep up with them.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from . import run_cgroup
 from .sandbox import Sandbox
 from .workdir import Workdir
 
-__all__ = ["DEMAND_FACTOR", "SHRINK_AFTER", "Tier", "WarmDemand"]
+__all__ = ["DEMAND_FACTOR", "SHRINK_AFTER", "Tier", "WarmDemand", "next_tier"]
 
 #: The most warm sandboxes demand may keep by default, as a multiple of the ``count`` asked for.
 DEMAND_FACTOR = 4
@@ -26,7 +36,7 @@ SHRINK_AFTER = 60.0
 
 
 class WarmDemand:
-    """The number of warm sandboxes kept now (:attr:`target`), following the misses."""
+    """The number of sandboxes of a kind kept now (:attr:`target`), following the misses."""
 
     def __init__(self, floor: int = 0, most: int | None = None) -> None:
         #: Kept at the least (the setting).
@@ -66,13 +76,26 @@ class WarmDemand:
 
 @dataclass
 class Tier:
-    """Warm sandboxes of one agent command line: those still importing, and those waiting."""
+    """Warm sandboxes of one agent command line: those still importing, those waiting, and
+    how many are kept."""
 
     agent: Callable[[Workdir], list[str]]
     #: The most made at a time (with a cpu controller; else one, with spare CPU only).
     at_once: int
+    demand: WarmDemand = field(default_factory=WarmDemand)
     warming: list[Sandbox] = field(default_factory=list)
     waiting: list[Sandbox] = field(default_factory=list)
+
+    @property
+    def short(self) -> bool:
+        """Whether fewer are waiting or being made than are kept now."""
+        return len(self.waiting) + len(self.warming) < self.demand.target
+
+    def shrink(self) -> Sandbox | None:
+        """Keep one fewer once demand says so: the surplus one waiting, to dispose of."""
+        if self.demand.shrink() and len(self.waiting) > self.demand.target:
+            return self.waiting.pop(0)
+        return None
 
     def bound_idle(self, sandbox: Sandbox, *, again: bool = False) -> None:
         """While ``sandbox`` warms, take it out of ``SCHED_IDLE`` every
@@ -85,3 +108,19 @@ class Tier:
                 cgroup.leave_idle()
             loop = asyncio.get_running_loop()
             loop.call_later(run_cgroup.IDLE_AT_MOST, lambda: self.bound_idle(sandbox, again=True))
+
+
+def next_tier(
+    full: Tier, started: Tier | None, *, cpu_controller: bool, spare_cpu: Callable[[], bool]
+) -> Tier | None:
+    """Which kind of warm sandbox to start now, if any (see :mod:`.pool`): a started one
+    first, and while those are short no warm one (calls back to back outrun the warm ones,
+    not the started ones); with a cpu controller, up to each one's ``at_once`` at a time;
+    without, one at a time, and only with ``spare_cpu``."""
+    short = [tier for tier in (started, full) if tier is not None and tier.short]
+    if started in short:
+        short = [started]
+    if cpu_controller:
+        return next((tier for tier in short if len(tier.warming) < tier.at_once), None)
+    warming = full.warming or (started is not None and started.warming)
+    return short[0] if short and not warming and spare_cpu() else None

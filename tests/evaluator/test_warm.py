@@ -433,6 +433,33 @@ async def test_the_pool_follows_demand_and_gives_the_memory_back(
         assert (ev._pool.warm_target, ev.warm_sandboxes) == (grown - 1, grown - 1)
 
 
+async def test_runs_that_start_cold_make_the_pool_keep_more_started_sandboxes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calls back to back outrun the warm sandboxes (tenths of a CPU-second each) but not the
+    started ones (hundredths): each run that found neither makes the pool keep one more started
+    one, and those are made first; without such a run for SHRINK_AFTER seconds, one fewer."""
+    monkeypatch.setattr(warming, "SHRINK_AFTER", 3600.0)  # until they are made (a loaded host)
+    async with Evaluator(config(warm_sandboxes=1, preimport=("json",))) as ev:
+        assert ev._pool is not None
+        await until_warm(ev)
+        assert ev._pool.started_target == 1
+        for _ in range(20):  # again if a host slow to start them made one meanwhile
+            # One takes the warm sandbox, one the started one, the third finds neither.
+            runs = await asyncio.gather(*(ev.run(EvalRequest(args=("-c", "pass"))) for _ in "abc"))
+            assert [r.returncode for r in runs] == [0, 0, 0]
+            if ev._pool.started_target > 1:
+                break
+        grown = ev._pool.started_target
+        assert 2 <= grown <= warming.DEMAND_FACTOR
+        with anyio.fail_after(240):
+            while ev._pool.started_count < grown:  # noqa: ASYNC110 - nothing to wait on
+                await asyncio.sleep(0.05)
+        monkeypatch.setattr(warming, "SHRINK_AFTER", 0.0)
+        ev._pool._shrink()  # as its timer or the next refill would, at once: no other one can
+        assert (ev._pool.started_target, ev._pool.started_count) == (grown - 1, grown - 1)
+
+
 async def test_a_warm_sandbox_a_session_took_is_made_again_once_its_cell_ended() -> None:
     """A session's cell retires no sandbox (whose disposal refills the pool after a one-shot
     run): the end of the cell itself must."""
