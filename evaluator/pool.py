@@ -13,8 +13,9 @@ calls that come steadily find one warm:
 
 - with a cpu controller, in a cgroup of the least CPU weight until it is used (and first
   under ``SCHED_IDLE``, see :mod:`.run_cgroup`): their imports take only CPU time no run
-  wants, so they are made at once, however busy the service is, as many at a time as the
-  service has CPUs (more would share the spare CPU time, each ready later);
+  wants, so they are made at once, however busy the service is, of each kind (see
+  :mod:`.warming`) as many at a time as the service has CPUs (more would share the spare CPU
+  time, each ready later);
 - without one, one at a time, started only while fewer runs are in progress than the service
   has CPUs (a run's end tries again, once its answer has gone): a run then shares a CPU with
   one agent's imports at most.
@@ -155,7 +156,8 @@ class SandboxPool:
 
     def take_warm(self) -> Sandbox | None:
         """A warm sandbox whose agent waits for its run, else a started one, if there is one;
-        a miss makes the pool keep one more warm one (see the module). The pool is refilled once
+        a run that finds no warm one makes the pool keep one more, and one that finds neither
+        one more started one (see :mod:`.warming`). The pool is refilled once
         the run has answered (:meth:`refill_soon`, when its slot is given back), or
         :data:`_REFILL_DURING` seconds into the run."""
         if self._full is None:
@@ -182,9 +184,9 @@ class SandboxPool:
     ) -> None:
         """Keep ``count`` warm sandboxes at the least, and as demand asks up to ``most``
         (``None``: :data:`.warming.DEMAND_FACTOR` times ``count``), running ``agent(workdir)``
-        (bwrap's command line); and ``count`` started ones beside them where ``most`` is
-        above ``count``, running ``started(workdir)``, the agent importing nothing (``None``:
-        none, ``agent`` imports nothing either).
+        (bwrap's command line); and as many started ones beside them where ``most`` is above
+        ``count`` (up to ``most`` as runs start cold), running ``started(workdir)``, the agent
+        importing nothing (``None``: none, ``agent`` imports nothing either).
 
         ``spare_cpu``: whether fewer runs are in progress than the service has CPUs; without a
         cpu controller, a sandbox is warmed only then (see the module). ``cpus``: the service's
@@ -360,8 +362,8 @@ class SandboxPool:
             "EVALUATOR_PREIMPORT?): %s",
             output[:500].decode("utf-8", "replace").strip(),
         )
-        if self._full is not None:
-            self._full.demand.stop()  # the started ones too (see _next_tier)
+        for kind in filter(None, (self._full, self._started)):
+            kind.demand.stop()
         tier.warming.remove(sandbox)
         self._spawn(self.dispose(sandbox))
         return False

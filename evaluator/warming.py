@@ -29,16 +29,17 @@ from .workdir import Workdir
 
 __all__ = ["DEMAND_FACTOR", "SHRINK_AFTER", "Tier", "WarmDemand", "next_tier"]
 
-#: The most warm sandboxes demand may keep by default, as a multiple of the ``count`` asked for.
+#: The most sandboxes of a kind demand may keep by default, as a multiple of the ``count`` asked
+#: for.
 DEMAND_FACTOR = 4
-#: Seconds without a run that found no warm sandbox, after which one fewer is kept.
+#: Seconds without a run that found none of a kind, after which one fewer of it is kept.
 SHRINK_AFTER = 60.0
 
 
 class WarmDemand:
     """The number of sandboxes of a kind kept now (:attr:`target`), following the misses."""
 
-    def __init__(self, floor: int = 0, most: int | None = None) -> None:
+    def __init__(self, floor: int, most: int | None = None) -> None:
         #: Kept at the least (the setting).
         self.floor = floor
         #: Kept at the most (``None``: :data:`DEMAND_FACTOR` times ``floor``).
@@ -48,7 +49,7 @@ class WarmDemand:
         self._last_miss = time.monotonic()
 
     def missed(self) -> None:
-        """A run wanted a warm sandbox and found none: keep one more."""
+        """A run wanted one of this kind and found none: keep one more."""
         if self.floor:
             self._last_miss = time.monotonic()
             self.target = min(self.most, self.target + 1)
@@ -82,7 +83,7 @@ class Tier:
     agent: Callable[[Workdir], list[str]]
     #: The most made at a time (with a cpu controller; else one, with spare CPU only).
     at_once: int
-    demand: WarmDemand = field(default_factory=WarmDemand)
+    demand: WarmDemand
     warming: list[Sandbox] = field(default_factory=list)
     waiting: list[Sandbox] = field(default_factory=list)
 
@@ -118,7 +119,7 @@ def next_tier(
     not the started ones); with a cpu controller, up to each one's ``at_once`` at a time;
     without, one at a time, and only with ``spare_cpu``."""
     short = [tier for tier in (started, full) if tier is not None and tier.short]
-    if started in short:
+    if started is not None and started.short:
         short = [started]
     if cpu_controller:
         return next((tier for tier in short if len(tier.warming) < tier.at_once), None)
