@@ -93,8 +93,11 @@ class Tier:
         return len(self.waiting) + len(self.warming) < self.demand.target
 
     def shrink(self) -> Sandbox | None:
-        """Keep one fewer once demand says so: the surplus one waiting, to dispose of."""
-        if self.demand.shrink() and len(self.waiting) > self.demand.target:
+        """Keep one fewer once demand says so; a waiting one beyond the number kept (those
+        still being made counted: one made after the number fell is surplus too), to dispose
+        of."""
+        self.demand.shrink()
+        if self.waiting and len(self.waiting) + len(self.warming) > self.demand.target:
             return self.waiting.pop(0)
         return None
 

@@ -31,6 +31,7 @@ FAST_MODULES = frozenset(
         "tests.evaluator.test_meminfo",
         "tests.evaluator.test_pump",
         "tests.evaluator.test_run_slots",
+        "tests.evaluator.test_warming",
         "tests.snekbox_client.test_exported_members",
         "tests.gateway.test_budget",
         "tests.gateway.test_cell_reads",
