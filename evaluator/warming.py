@@ -117,14 +117,13 @@ class Tier:
 def next_tier(
     full: Tier, started: Tier | None, *, cpu_controller: bool, spare_cpu: Callable[[], bool]
 ) -> Tier | None:
-    """Which kind of warm sandbox to start now, if any (see :mod:`.pool`): a started one
-    first, and while those are short no warm one (calls back to back outrun the warm ones,
-    not the started ones); with a cpu controller, up to each one's ``at_once`` at a time;
-    without, one at a time, and only with ``spare_cpu``."""
-    short = [tier for tier in (started, full) if tier is not None and tier.short]
-    if started is not None and started.short:
-        short = [started]
+    """Which kind of sandbox to start now, if any (see the module): a started one while those
+    are short, and meanwhile no warm one; with a cpu controller, up to the kind's ``at_once``
+    at a time; without, one at a time, and only with ``spare_cpu``."""
+    kind = started if started is not None and started.short else full if full.short else None
+    if kind is None:
+        return None
     if cpu_controller:
-        return next((tier for tier in short if len(tier.warming) < tier.at_once), None)
+        return kind if len(kind.warming) < kind.at_once else None
     warming = full.warming or (started is not None and started.warming)
-    return short[0] if short and not warming and spare_cpu() else None
+    return kind if not warming and spare_cpu() else None
