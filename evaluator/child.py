@@ -12,6 +12,7 @@ import signal
 import threading
 from collections.abc import Iterator
 
+from . import deadlines
 from .cgroups import RunCgroup
 from .procfs import reap_owned
 
@@ -40,7 +41,7 @@ class Child:
         self._returncode: int | None = None
         # Guards the exit status and kills: the watchdog thread may kill while the loop reaps.
         self._lock = threading.Lock()
-        self._watchdog: threading.Timer | None = None
+        self._watchdog: deadlines.Deadline | None = None
         #: Whether the watchdog killed it (the event loop did not in time).
         self.timed_out = False
 
@@ -72,11 +73,9 @@ class Child:
             signal.pidfd_send_signal(self.pidfd, signal.SIGTERM)
 
     def start_watchdog(self, seconds: float) -> None:
-        """Kill the tree from a thread after ``seconds``, unless it exited or
-        :meth:`stop_watchdog` came first."""
-        self._watchdog = threading.Timer(seconds, self._on_deadline)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+        """Kill the tree from a thread after ``seconds`` (see :mod:`.deadlines`), unless it
+        exited or :meth:`stop_watchdog` came first."""
+        self._watchdog = deadlines.call_later(seconds, self._on_deadline)
 
     def stop_watchdog(self) -> None:
         if self._watchdog is not None:

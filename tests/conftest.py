@@ -27,6 +27,7 @@ FAST_MODULES = frozenset(
         "tests.test_kubernetes",
         "tests.serving.test_slots",
         "tests.serving.test_table",
+        "tests.evaluator.test_deadlines",
         "tests.evaluator.test_errors",
         "tests.evaluator.test_meminfo",
         "tests.evaluator.test_pump",
