@@ -81,7 +81,7 @@ def kind_of(pid: int) -> str | None:
             argv = f.read().split(b"\0")
     except (FileNotFoundError, ProcessLookupError):
         return None
-    if any(arg.endswith(b"_launcher.py") for arg in argv[:4]):
+    if any(arg.endswith((b"_launcher.py", b"_launcher.pyc")) for arg in argv[:4]):
         return "launcher"
     if os.path.basename(argv[0]).startswith((b"bwrap", b"bubblewrap")):
         return "bwrap"

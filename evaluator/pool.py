@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ._agent import WARM
-from .cgroups import Cgroups
 from .jail import MOUNTED
 from .sandbox import Sandbox, SandboxMaker
-from .users import RunUsers
 from .warming import Tier, WarmDemand, next_tier
-from .workdir import Workdir, WorkdirRoot
+from .workdir import Workdir
 
 __all__ = ["Sandbox", "SandboxPool"]
 
@@ -55,42 +53,11 @@ _REFILL_DURING = 0.1
 
 
 class SandboxPool:
-    """Makes sandboxes, keeps ``ready`` of them prepared, and disposes of them.
+    """Keeps ``ready`` sandboxes of ``maker`` prepared (0: each run prepares its own), and
+    disposes of them through it."""
 
-    The arguments are :class:`.sandbox.SandboxMaker`'s, and ``ready``: sandboxes kept prepared
-    while idle (0: each run prepares its own).
-    """
-
-    def __init__(
-        self,
-        root: WorkdirRoot,
-        cgroups: Cgroups,
-        users: RunUsers,
-        *,
-        covers: tuple[tuple[str, tuple[str, ...]], ...] = (),
-        workdir_size: int,
-        workdir_inodes: int,
-        shm_size: int | None = None,
-        rlimits: Sequence[tuple[int, int]],
-        seccomp_program: bytes | None,
-        host_env: Mapping[str, str] | None,
-        ready: int,
-        on_dispose: Callable[[Sandbox], None] | None = None,
-    ) -> None:
-        self._maker = SandboxMaker(
-            root,
-            cgroups,
-            users,
-            covers=covers,
-            workdir_size=workdir_size,
-            workdir_inodes=workdir_inodes,
-            shm_size=shm_size,
-            rlimits=rlimits,
-            seccomp_program=seccomp_program,
-            host_env=host_env,
-            on_dispose=on_dispose,
-        )
-        self._cgroups = cgroups
+    def __init__(self, maker: SandboxMaker, *, ready: int) -> None:
+        self._maker = maker
         self._target = ready
         self._ready: list[Sandbox] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -300,7 +267,7 @@ class SandboxPool:
         if full is None or self._closing or not full.demand.target:
             return None
         self._shrink()
-        cpu_controller = self._cgroups.cpu is not None
+        cpu_controller = self._maker.cgroups.cpu is not None
         return next_tier(
             full, self._started, cpu_controller=cpu_controller, spare_cpu=self._spare_cpu
         )

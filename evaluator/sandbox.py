@@ -61,6 +61,7 @@ class SandboxMaker:
             of unsandboxed runs, whose home and temporary directories are then set to the
             working directory's host path.
         on_dispose: Called with each sandbox disposed of, once its processes are gone.
+        launcher: The launcher's file (see :class:`.launch.LaunchSpec`).
     """
 
     def __init__(
@@ -77,10 +78,12 @@ class SandboxMaker:
         seccomp_program: bytes | None,
         host_env: Mapping[str, str] | None,
         on_dispose: Callable[[Sandbox], None] | None,
+        launcher: str,
     ) -> None:
         self._root = root
         self._on_dispose = on_dispose
-        self._cgroups = cgroups
+        #: The factory of the runs' cgroups.
+        self.cgroups = cgroups
         self._users = users
         self._covers = covers
         self._workdir_size = workdir_size
@@ -89,6 +92,7 @@ class SandboxMaker:
         self._rlimits = tuple(rlimits)
         self._seccomp = seccomp_program
         self._host_env = dict(host_env) if host_env is not None else None
+        self._launcher = launcher
         # Orphans of killed sandboxes that did not die when waited for (see dispose).
         self._stuck: frozenset[int] = frozenset()
 
@@ -117,7 +121,7 @@ class SandboxMaker:
             self._users.give_back(user)
             raise
         try:
-            cgroup = self._cgroups.create(background=warm)
+            cgroup = self.cgroups.create(background=warm)
             spec = LaunchSpec(
                 cgroup_procs=cgroup.procs_files if cgroup is not None else (),
                 rlimits=self._rlimits,
@@ -132,6 +136,7 @@ class SandboxMaker:
                 if workdir.launcher_mount and workdir.shm is not None and self._shm_size
                 else None,
                 idle=cgroup is not None and cgroup.starts_idle,
+                launcher=self._launcher,
             )
             seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None
             try:

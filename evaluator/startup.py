@@ -35,9 +35,10 @@ from .host import (
     sandbox_view,
 )
 from .jail import SandboxView
+from .launch import compile_launcher
 from .pool import SandboxPool
 from .pythons import Interpreter
-from .sandbox import Sandbox
+from .sandbox import Sandbox, SandboxMaker
 from .users import RunUsers
 from .workdir import WorkdirRoot
 
@@ -185,10 +186,10 @@ def make_pool(
     *,
     on_dispose: Callable[[Sandbox], None],
 ) -> tuple[SandboxPool, int | None]:
-    """The pool of sandboxes, with the limits ``config`` gives them here, and the shared
-    RLIMIT_NPROC (``None``: none) the runs get."""
+    """The pool of sandboxes, with the limits ``config`` gives them here (their launcher
+    compiled into ``root``), and the shared RLIMIT_NPROC (``None``: none) the runs get."""
     rlimits, nproc = limits.rlimits(config, cgroups, mounted=root.bounded, own_uid=users.dropping)
-    pool = SandboxPool(
+    maker = SandboxMaker(
         root,
         cgroups,
         users,
@@ -199,10 +200,10 @@ def make_pool(
         rlimits=rlimits,
         seccomp_program=seccomp_program,
         host_env=environment(config) if config.unsandboxed else None,
-        ready=config.concurrency if config.prewarm else 0,
         on_dispose=on_dispose,
+        launcher=compile_launcher(root.path),
     )
-    return pool, nproc
+    return SandboxPool(maker, ready=config.concurrency if config.prewarm else 0), nproc
 
 
 def log_sessions(

@@ -184,7 +184,7 @@ async def test_a_sandbox_made_ahead_waits_idle_and_its_run_does_not(
             while ev.warm_sandboxes < 1:  # noqa: ASYNC110 - nothing to wait on
                 await asyncio.sleep(0.1)
         assert ev._pool is not None and ev._pool._full is not None
-        idle = ev._pool._cgroups.cpu is not None and procfs.may_leave_idle()
+        idle = ev._cgroups.cpu is not None and procfs.may_leave_idle()
         waiting = ev._pool._full.waiting[0]
         assert waiting.cgroup is not None
         policies = {os.sched_getscheduler(pid) for pid in waiting.cgroup.pids()}

@@ -310,7 +310,7 @@ async def test_a_sandbox_that_gets_warm_while_the_service_closes_is_disposed_of(
     async with Evaluator(settings) as ev:
         sandboxes = ev._pool
         assert sandboxes is not None
-        if sandboxes._cgroups.cpu is None:
+        if ev._cgroups.cpu is None:
             pytest.skip("no cpu controller: one sandbox warms at a time")
         with anyio.fail_after(240):
             while (full := sandboxes._full) is None or len(full.warming) < 2:  # noqa: ASYNC110

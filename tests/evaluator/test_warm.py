@@ -318,9 +318,9 @@ async def test_saturated_a_sandbox_warms_only_at_the_least_weight(
     settings = config(time_limit=300, warm_sandboxes=1, preimport=("json",), concurrency=1)
     async with Evaluator(settings) as ev:
         assert ev._pool is not None
-        if cpu and ev._pool._cgroups.cpu is None:
+        if cpu and ev._cgroups.cpu is None:
             pytest.skip("no cpu controller here (the other case runs)")
-        assert (ev._pool._cgroups.cpu is not None) == cpu
+        assert (ev._cgroups.cpu is not None) == cpu
         await until_warm(ev)
         code = "import time\ntime.sleep(300)"
         holding = asyncio.ensure_future(ev.run(EvalRequest(args=("-c", code))))
@@ -351,7 +351,7 @@ async def test_no_more_sandboxes_warm_at_a_time_than_the_service_has_cpus(
     settings = config(warm_sandboxes=3, preimport=("numpy", "pandas"), concurrency=1)
     async with Evaluator(settings) as ev:
         assert ev._pool is not None
-        if cpu and ev._pool._cgroups.cpu is None:
+        if cpu and ev._cgroups.cpu is None:
             pytest.skip("no cpu controller here (the other case runs)")
         most = 0
         with anyio.fail_after(600):

@@ -62,7 +62,7 @@ async def evaluator() -> AsyncIterator[Evaluator]:
         patch.setattr(run_cgroup, "IDLE_AT_MOST", 3600.0)
         async with Evaluator(config(**settings())) as started:
             assert started._pool is not None
-            if started._pool._cgroups.cpu is None or not procfs.may_leave_idle():
+            if started._cgroups.cpu is None or not procfs.may_leave_idle():
                 pytest.skip("no cpu controller, or no CAP_SYS_NICE: warm sandboxes wait as any")
             yield started
 
@@ -97,7 +97,7 @@ async def test_a_sandbox_still_warming_after_a_while_leaves_sched_idle(
     monkeypatch.setattr(run_cgroup, "IDLE_AT_MOST", 0.02)
     async with Evaluator(config(**settings())) as ev:
         assert ev._pool is not None
-        if ev._pool._cgroups.cpu is None or not procfs.may_leave_idle():
+        if ev._cgroups.cpu is None or not procfs.may_leave_idle():
             pytest.skip("no cpu controller, or no CAP_SYS_NICE: warm sandboxes wait as any")
         await until_warm(ev, 2)
         assert waiting_policies(ev._pool) == {os.SCHED_OTHER}
@@ -121,7 +121,7 @@ async def _waits_as_any() -> None:
     async with Evaluator(config(**settings())) as ev:
         assert ev._pool is not None
         await until_warm(ev)
-        if ev._pool._cgroups.cpu is not None:
+        if ev._cgroups.cpu is not None:
             assert waiting_policies(ev._pool) == {os.SCHED_OTHER}
         result = await warm_request(ev, EvalRequest(args=("-c", POLICIES)))
         assert result.stdout == OTHER

@@ -250,7 +250,7 @@ def only_warm_sandboxes(pid: int, count: int) -> bool:
             idle = os.path.exists(f"/proc/{child}/fd/5")
         except OSError:
             return False
-        if any(arg.endswith(b"/_launcher.py") for arg in argv):
+        if any(arg.endswith((b"/_launcher.py", b"/_launcher.pyc")) for arg in argv):
             continue
         if WARM_AGENT.encode() not in argv or not idle:
             return False
