@@ -244,8 +244,12 @@ def test_in_a_container_the_watchdog_acts_before_the_containers_limit(
                     if answer.status_code == 404:
                         assert "running out of memory" in answer.json()["description"], answer.text
                         ended.append(name)
+                    elif "running out of memory" in (stdout := answer.json()["stdout"]):
+                        # Ended while this very call ran (a loaded host): its output, then why.
+                        assert stdout.startswith(f"{250 << 20}\n"), answer.text
+                        ended.append(name)
                     else:
-                        assert answer.json()["stdout"] == f"{250 << 20}\n", answer.text
+                        assert stdout == f"{250 << 20}\n", answer.text
                 time.sleep(0.2)
             assert len(ended) == 1, f"sessions ended for memory: {ended}"
     finally:
