@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import marshal
 import os
-import py_compile
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,12 +27,11 @@ __all__ = [
     "RELEASE_AGENT",
     "LaunchSpec",
     "Launched",
-    "compile_launcher",
     "start_launcher",
     "write_args",
 ]
 
-#: The launcher's source; the service runs it compiled (:func:`compile_launcher`).
+#: The launcher's source; the service runs it compiled (:func:`.startup.place_launcher`).
 LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 #: Ends a released command line; a launcher that reads EOF without it (the run was cancelled,
 #: or the service died mid-write) exits without running anything. A warm agent's run ends so
@@ -65,8 +63,8 @@ class LaunchSpec:
             too, which bwrap binds as ``/dev/shm``.
         idle: Once in its cgroups, it moves itself (and so all it starts) to ``SCHED_IDLE``
             (see :mod:`.run_cgroup`).
-        launcher: The launcher's file: its source, or the same compiled by
-            :func:`compile_launcher`.
+        launcher: The launcher's file: its source, or the same compiled
+            (:func:`.startup.place_launcher`).
     """
 
     cgroup_procs: tuple[str, ...] = ()
@@ -152,21 +150,6 @@ def start_launcher(
     if status_r is not None:
         os.set_blocking(status_r, False)
     return Launched(pid, args_w, out_r, request_w, status_r)
-
-
-def compile_launcher(directory: Path) -> str:
-    """The launcher compiled for this interpreter (the one that runs it), read-only in
-    ``directory``: a script run from its source is compiled at every start, 2 of the 9 ms a
-    launcher takes to start (one per sandbox)."""
-    compiled = str(directory / "_launcher.pyc")
-    py_compile.compile(
-        LAUNCHER,
-        cfile=compiled,
-        doraise=True,
-        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
-    )
-    os.chmod(compiled, 0o444)
-    return compiled
 
 
 def write_args(fd: int, args: Sequence[str], marker: bytes = RELEASE) -> None:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import stat
 import sys
 from pathlib import Path
 
 import anyio
 import httpx
 
-from evaluator import Evaluator, create_app
+from evaluator import Evaluator, create_app, startup
 from evaluator.jail import JailedProcess, LaunchSpec
 from evaluator.procfs import alive, await_orphans, owned, reap_orphans, status
+from evaluator.workdir import WorkdirRoot
 from snekbox_client import EvalRequest
 
 from .conftest import config
@@ -166,3 +168,23 @@ async def test_a_launcher_mounts_its_working_directory_or_says_why(tmp_path: Pat
         assert b"the sandbox could not start: FileNotFoundError" in outcome.output
     finally:
         await missing.aclose()
+
+
+async def test_the_launcher_runs_compiled_and_read_only(tmp_path: Path) -> None:
+    """The service's launcher, compiled into its private directory (again for a second pool,
+    after a mount fallback), read-only, runs a command as its source does."""
+    root = WorkdirRoot.create(str(tmp_path))
+    try:
+        compiled = startup.place_launcher(root)
+        assert startup.place_launcher(root) == compiled
+        assert compiled.endswith("/_launcher.pyc")
+        assert stat.S_IMODE(os.stat(compiled).st_mode) == 0o444
+        process = JailedProcess.spawn(LaunchSpec(launcher=compiled), cgroup=None)
+        try:
+            process.release(["/bin/sh", "-c", "echo launched; exit 7"], 10)
+            outcome = await process.wait(1000)
+        finally:
+            await process.aclose()
+        assert (outcome.output, outcome.returncode) == (b"launched\n", 7)
+    finally:
+        root.remove()

@@ -1,10 +1,13 @@
 """The deadlines' thread (fast lane): calls in the order of their deadlines, cancelled ones never
-made. tests/evaluator/test_isolation.py checks the kill it makes while the event loop stalls."""
+made nor kept. tests/evaluator/test_isolation.py checks the kill it makes while the event loop
+stalls."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -15,27 +18,60 @@ from evaluator.deadlines import _Deadlines
 WAIT = 30.0
 
 
+@contextmanager
+def held(deadlines: _Deadlines) -> Iterator[None]:
+    """The thread busy in a call until the block ends: nothing else is made meanwhile."""
+    holding, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        go.wait(WAIT)
+
+    deadlines.call_later(0, hold)
+    assert holding.wait(WAIT)
+    try:
+        yield
+    finally:
+        go.set()
+
+
 def test_calls_are_made_in_the_order_of_their_deadlines() -> None:
-    deadlines, made, last = _Deadlines(), [], threading.Event()
+    deadlines, made, done = _Deadlines(), [], threading.Semaphore(0)
 
-    def third() -> None:
-        made.append("c")
-        last.set()
+    def maker(name: str) -> Callable[[], None]:
+        def make() -> None:
+            made.append(name)
+            done.release()
 
-    deadlines.call_later(0.3, third)
-    deadlines.call_later(0.1, lambda: made.append("a"))
-    deadlines.call_later(0.2, lambda: made.append("b"))
-    assert last.wait(WAIT)
-    assert made == ["a", "b", "c"]
+        return make
+
+    asked = {name: deadlines.call_later(delay, maker(name)) for name, delay in
+             (("c", 0.3), ("a", 0.1), ("b", 0.2))}  # fmt: skip
+    for _ in asked:
+        assert done.acquire(timeout=WAIT)
+    assert made == sorted(asked, key=lambda name: asked[name].when)
 
 
-def test_a_cancelled_call_is_never_made_and_lets_go_of_its_callback() -> None:
+def test_a_cancelled_call_is_never_made_nor_kept() -> None:
     deadlines, made, after = _Deadlines(), [], threading.Event()
-    cancelled = deadlines.call_later(0.05, lambda: made.append("cancelled"))
-    cancelled.cancel()
-    deadlines.call_later(0.1, after.set)
+    with held(deadlines):
+        cancelled = deadlines.call_later(0, lambda: made.append("cancelled"))
+        cancelled.cancel()
+        deadlines.call_later(0, after.set)
     assert after.wait(WAIT)
-    assert made == [] and cancelled.callback is None
+    assert made == [] and deadlines._pending == []
+
+
+def test_cancelled_calls_are_not_kept_until_their_deadlines() -> None:
+    """Runs with long time limits that end at once leave no entry each for an hour."""
+    deadlines = _Deadlines()
+    asked = [deadlines.call_later(3600, lambda: None) for _ in range(300)]
+    for deadline in asked[:200]:
+        deadline.cancel()
+    # Rebuilt at the 151st (more than half of 300): 149 left, then 49 of them cancelled.
+    assert len(deadlines._pending) == 149
+    for deadline in asked[200:]:
+        deadline.cancel()
 
 
 def test_an_earlier_deadline_is_not_held_up_by_a_later_one_already_waited_for() -> None:
@@ -58,7 +94,20 @@ def test_a_failing_call_does_not_stop_the_ones_after_it(caplog: pytest.LogCaptur
     def fail() -> None:
         raise RuntimeError("boom")
 
-    deadlines.call_later(0.05, fail)
-    deadlines.call_later(0.1, after.set)
+    with held(deadlines):
+        deadlines.call_later(0, fail)
+        deadlines.call_later(0, after.set)
     assert after.wait(WAIT)
     assert "a call at a deadline failed" in caplog.text
+
+
+def test_a_thread_that_died_is_started_again() -> None:
+    """One that ended (an exception no handler takes), or never started, is no excuse."""
+    deadlines, after = _Deadlines(), threading.Event()
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join(WAIT)
+    deadlines._thread = dead
+    deadlines.call_later(0, after.set)
+    assert after.wait(WAIT)
+    assert deadlines._thread is not dead

@@ -69,7 +69,9 @@ def _leftovers(evaluator_pid: int, root: Path) -> dict[str, list[str]]:
             except OSError:
                 continue
             # Sandbox processes only: services that other tests' fixtures run are children too.
-            sandbox = b"_launcher.py" in command or stat.split(" ", 2)[1] == "(bwrap)"
+            argv = command.split(b"\0")
+            launcher = any(arg.endswith((b"/_launcher.py", b"/_launcher.pyc")) for arg in argv)
+            sandbox = launcher or stat.split(" ", 2)[1] == "(bwrap)"
             if sandbox and (found := status(int(entry.name))) is not None and found.parent == me:
                 children.append(stat)
     return {"cgroups": cgroups, "mounts": mounts, "dirs": [str(root)] * root.exists(),
