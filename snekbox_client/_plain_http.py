@@ -163,15 +163,20 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
     ) -> httpx.Response:
         """Write ``data`` on ``connection`` and read the answer's head.
 
+        A reset before any byte of an answer means the server's socket closed with the
+        request unread (a server that read the whole request and then died closes with an end
+        of file: "the code may have run"). On a kept-alive connection, the server had left
+        while the idle check could not yet tell (its end of file not yet through the kernel,
+        or its socket briefly held by a child being spawned). On a new one, the listening
+        socket outlived the server for a moment, held the same way by a child not yet
+        exec'd, and took the connection into its backlog. This holds for the server's own
+        socket, or a proxy that passes closes on as they come, not one that resets its
+        clients' connections itself (see docs/operations.md).
+
         Raises:
             _Stale: ``kept``, and the connection was reset before any byte of an answer came.
-                A server that read the whole request and then died closes with an end of file
-                ("the code may have run"); a reset means the server's socket closed with the
-                request unread, or after it had gone: a kept-alive connection the server had
-                left while the idle check could not yet tell (its end of file not yet through
-                the kernel, or its socket briefly held by a child being spawned). This holds
-                for the server's own socket, or a proxy that passes closes on as they come,
-                not one that resets its clients' connections itself (see docs/operations.md).
+            httpx.ConnectError: not ``kept``, and the same: the request did not reach the
+                service, as if the connection had been refused.
         """
         doing = "write"
         try:
@@ -190,12 +195,13 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
             )
         except BaseException as exc:
             connection.close()
-            if (
-                kept
-                and isinstance(exc, ConnectionResetError | BrokenPipeError)
-                and not _buffered(connection.reader)
+            if isinstance(exc, ConnectionResetError | BrokenPipeError) and not _buffered(
+                connection.reader
             ):
-                raise _Stale from exc
+                if kept:
+                    raise _Stale from exc
+                unread = f"the connection was reset with the request unread: {exc}"
+                raise httpx.ConnectError(unread, request=request) from exc
             error = _transport_error(exc, request, doing)
             if error is exc:
                 raise

@@ -27,6 +27,7 @@ from snekbox_client import (
     ConnectionLost,
     EvalRequest,
     EvaluatorTimeout,
+    EvaluatorUnavailable,
     SnekboxClient,
 )
 from snekbox_client._plain_http import PlainHTTPTransport, _Connection
@@ -299,6 +300,25 @@ async def test_a_kept_connection_lost_after_its_request_was_read_is_not_sent_aga
         with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
             await fetch(url, transport)
     assert seen == [then]
+
+
+async def test_a_new_connection_reset_under_an_unread_request_is_one_never_made() -> None:
+    """A listening socket that outlives its server for a moment (held by a child being
+    spawned) takes the connection into its backlog, then resets it with the request unread:
+    the code did not run, which the caller says as for a refused connection."""
+    seen: list[bool] = []
+
+    def handle(connection: socket.socket) -> None:
+        seen.append(bool(select.select([connection], [], [], 10)[0]))  # the request came
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    async with serving(handle) as url:
+        with pytest.raises(httpx.ConnectError, match="reset with the request unread"):
+            await fetch(url)
+        async with SnekboxClient(url) as client:
+            with pytest.raises(EvaluatorUnavailable, match="reset with the request unread"):
+                await client.eval(REQUEST)
+    assert seen == [True, True]
 
 
 def holding(answer: bytes, *, closed: list[bool] | None = None) -> Callable[[socket.socket], None]:
