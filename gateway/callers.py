@@ -26,17 +26,24 @@ def owner() -> str | None:
 
 
 def client_of(ctx: Context[Any, Any]) -> str | None:
-    """Whose share of the sessions a call takes: its token's client (a name), or without
-    authentication its MCP connection (the transport session's id); ``None`` for a
-    sessionless client, which cannot be told from another."""
+    """Whose share of the slots and sessions a call takes: its token's client (a name), or
+    without authentication its MCP connection: the transport session's id, or for a sessionless
+    (2026-07-28) client, which has none, its HTTP connection (the peer's address and port, as
+    the server sees it); ``None``: none of these (the in-memory transport).
+
+    Taken together as one client, sessionless clients would get a slot only while no other
+    client had a call waiting: ten of them beside ten SSE clients waited seconds each."""
     token = get_access_token()
     if token is not None:
         return token.client_id
     request = ctx.request_context.request if ctx.request_context else None
-    if isinstance(request, Request):
-        connection = request.headers.get("mcp-session-id") or request.query_params.get("session_id")
-        return f"connection {connection}" if connection else None
-    return None
+    if not isinstance(request, Request):
+        return None
+    connection = request.headers.get("mcp-session-id") or request.query_params.get("session_id")
+    if connection:
+        return f"connection {connection}"
+    peer = request.client
+    return f"peer {peer.host}:{peer.port}" if peer is not None else None
 
 
 def log_call(ctx: Context[Any, Any], outcome: str, duration: float, fields: dict[str, Any]) -> None:

@@ -136,19 +136,22 @@ async def test_a_flood_through_another_gateway_spares_anothers_interpreter(
 async def test_without_tokens_each_connection_has_its_share(
     settings: Settings, transport: str
 ) -> None:
-    """A connection is a transport session: the 2025-11-25 handshake ("legacy") opens one,
-    while sessionless (2026-07-28) clients cannot be told apart."""
+    """A connection is a transport session where the 2025-11-25 handshake ("legacy") opens
+    one; a sessionless (2026-07-28, "auto" over HTTP) client's is its HTTP connection. Taken
+    together, two sessionless clients would share one share: the flood would close the calm
+    client's session."""
     small = settings.model_copy(update={"max_code_sessions": 3})
     with gateway(small, "in-process") as url:
-        async with (
-            connect(url, transport, mode="legacy") as calm,
-            connect(url, transport, mode="legacy") as flood,
-        ):
-            mine = facts(await call_code(calm, "x = 'calm'"))["session_id"]
-            for _ in range(6):
-                facts(await call_code(flood, "1"))
-            still = await call_code(calm, "print(x)", session_id=mine)
-            assert text_of(still).startswith("calm\n")
+        for mode in ["legacy", "auto"] if transport == "http" else ["legacy"]:
+            async with (
+                connect(url, transport, mode=mode) as calm,
+                connect(url, transport, mode=mode) as flood,
+            ):
+                mine = facts(await call_code(calm, "x = 'calm'"))["session_id"]
+                for _ in range(6):
+                    facts(await call_code(flood, "1"))
+                still = await call_code(calm, "print(x)", session_id=mine)
+                assert text_of(still).startswith("calm\n"), (mode, text_of(still))
 
 
 async def test_a_session_ended_for_memory_says_so_to_its_next_call(
