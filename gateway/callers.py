@@ -29,7 +29,7 @@ def client_of(ctx: Context[Any, Any]) -> str | None:
     """Whose share of the slots and sessions a call takes: its token's client (a name), or
     without authentication its MCP connection: the transport session's id, or for a sessionless
     (2026-07-28) client, which has none, its HTTP connection (the peer's address and port, as
-    the server sees it); ``None``: none of these (the in-memory transport).
+    the server sees it); ``None``: none of these (the in-memory transport, a Unix socket).
 
     Taken together as one client, sessionless clients would get a slot only while no other
     client had a call waiting: ten of them beside ten SSE clients waited seconds each."""

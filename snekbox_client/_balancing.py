@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ._plain_http import PlainHTTPTransport
+from ._plain_http import PlainHTTPTransport, ResetUnread
 
 __all__ = [
     "REPLICA",
@@ -165,6 +165,8 @@ class BalancingTransport(httpx.AsyncBaseTransport):
                 return await self._send(address, request)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 self._mark_down(address, exc)
+                if isinstance(exc, ResetUnread):
+                    raise  # sent once: not to another replica, it could run twice
                 last_error = exc
 
     async def choose(self) -> str:

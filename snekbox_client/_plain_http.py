@@ -73,6 +73,12 @@ class _Stale(Exception):
     """A kept-alive connection turned out closed before the request reached the service."""
 
 
+class ResetUnread(httpx.ConnectError):
+    """A new connection was reset before any byte of an answer: the service did not read the
+    request (see :meth:`PlainHTTPTransport._send`). A proxy that resets its clients'
+    connections itself could have forwarded it all the same, so it is not sent elsewhere."""
+
+
 class _Connection:
     """One TCP connection: its streams, and when it went idle."""
 
@@ -175,8 +181,8 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
 
         Raises:
             _Stale: ``kept``, and the connection was reset before any byte of an answer came.
-            httpx.ConnectError: not ``kept``, and the same: the request did not reach the
-                service, as if the connection had been refused.
+            ResetUnread: not ``kept``, and the same: the request did not reach the service,
+                as if the connection had been refused.
         """
         doing = "write"
         try:
@@ -201,7 +207,7 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
                 if kept:
                     raise _Stale from exc
                 unread = f"the connection was reset with the request unread: {exc}"
-                raise httpx.ConnectError(unread, request=request) from exc
+                raise ResetUnread(unread, request=request) from exc
             error = _transport_error(exc, request, doing)
             if error is exc:
                 raise

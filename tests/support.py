@@ -79,13 +79,15 @@ def serve(app: Any, *, startup_timeout: float = 180.0) -> Iterator[str]:
 
 
 @contextmanager
-def raw_server(handle: Callable[[socket.socket], None] | None = None) -> Iterator[str]:
+def raw_server(
+    handle: Callable[[socket.socket], None] | None = None, host: str = "127.0.0.1", port: int = 0
+) -> Iterator[str]:
     """A loopback TCP server for what no HTTP server does on purpose; yields its base URL.
 
     Each connection is passed to ``handle`` in the accepting thread, then closed; without a
     ``handle``, every connection is held open, silent, until the server stops.
     """
-    listener = socket.create_server(("127.0.0.1", 0))
+    listener = socket.create_server((host, port))
     listener.settimeout(0.05)
     held: list[socket.socket] = []
     stop = threading.Event()
@@ -105,7 +107,7 @@ def raw_server(handle: Callable[[socket.socket], None] | None = None) -> Iterato
     thread = threading.Thread(target=accept, name="raw-server", daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        yield f"http://{host}:{listener.getsockname()[1]}"
     finally:
         stop.set()
         thread.join(5)
