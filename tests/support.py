@@ -78,6 +78,32 @@ def serve(app: Any, *, startup_timeout: float = 180.0) -> Iterator[str]:
         thread.join(timeout=30)
 
 
+def read_request(connection: socket.socket) -> bytes:
+    """One whole request (head and ``Content-Length`` body) from a raw server's connection, its
+    head returned; ``b""`` if the client left."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = connection.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,  # a GET's
+    )
+    while len(body) < length:
+        chunk = connection.recv(65536)
+        if not chunk:
+            return b""
+        body += chunk
+    return head
+
+
 @contextmanager
 def raw_server(
     handle: Callable[[socket.socket], None] | None = None, host: str = "127.0.0.1", port: int = 0

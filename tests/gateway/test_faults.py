@@ -9,6 +9,7 @@ answers, one that answers garbage, one that hangs up.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +33,15 @@ from tests.gateway.harness import (
     evaluator_process,
     wait_for,
 )
-from tests.support import TIME_LIMIT, connect, raw_server, serve, sse_endpoint, text_of
+from tests.support import (
+    TIME_LIMIT,
+    connect,
+    raw_server,
+    read_request,
+    serve,
+    sse_endpoint,
+    text_of,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -216,8 +225,16 @@ async def test_evaluator_answering_garbage(
 
 @pytest.fixture
 def hang_up_server() -> Iterator[str]:
-    """Accepts every connection and closes it without a word."""
-    with raw_server(lambda connection: None) as url:
+    """Reads each request whole and closes its connection without a word: a service that died
+    running it. (Closed with the request unread, the connection would be reset: the gateway
+    could tell the code did not run, see ``test_a_new_connection_reset_under_an_unread_request
+    _is_one_never_made``.)"""
+
+    def hang_up(connection: socket.socket) -> None:
+        connection.settimeout(10)
+        read_request(connection)
+
+    with raw_server(hang_up) as url:
         yield url
 
 

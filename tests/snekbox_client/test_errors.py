@@ -7,7 +7,6 @@ after reading the request, or halfway through the answer).
 
 from __future__ import annotations
 
-import contextlib
 import socket
 from collections.abc import Callable
 
@@ -24,26 +23,21 @@ from snekbox_client import (
     InvalidResponse,
     SnekboxClient,
 )
-from tests.support import closed_port, raw_server, serve
+from tests.support import closed_port, raw_server, read_request, serve
 
 pytestmark = pytest.mark.anyio
 
 REQUEST = EvalRequest(input="print(1)")
 
 
-def read_request(connection: socket.socket) -> None:
-    """Read a request's head and as much body as arrives within a moment."""
-    connection.settimeout(0.5)
-    with contextlib.suppress(TimeoutError):
-        while b"\r\n\r\n" not in connection.recv(65536):
-            pass
-
-
 def hang_up_after_reading(connection: socket.socket) -> None:
+    """Reads the request whole, then closes: nothing left unread, an end of file, no reset."""
+    connection.settimeout(10)
     read_request(connection)
 
 
 def hang_up_mid_answer(connection: socket.socket) -> None:
+    connection.settimeout(10)
     read_request(connection)
     connection.sendall(
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"

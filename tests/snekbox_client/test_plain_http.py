@@ -31,31 +31,12 @@ from snekbox_client import (
     SnekboxClient,
 )
 from snekbox_client._plain_http import PlainHTTPTransport, _Connection
-from tests.support import raw_server
+from tests.support import raw_server, read_request
 
 pytestmark = pytest.mark.anyio
 
 REQUEST = EvalRequest(input="print(1)")
 ANSWER = json.dumps({"stdout": "1\n", "returncode": 0, "files": []}).encode()
-
-
-def read_request(connection: socket.socket) -> bytes:
-    """One whole request (head and ``Content-Length`` body), or ``b""`` if the client left."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = connection.recv(65536)
-        if not chunk:
-            return b""
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(body) < length:
-        body += connection.recv(65536)
-    return head
 
 
 def answering(
