@@ -58,7 +58,9 @@ def evaluator_process(package_settings: Settings) -> Iterator[str]:
         "EVALUATOR_PACKAGE_CACHE": str(config.package_cache),
         "EVALUATOR_PYTHONS": ",".join(config.pythons or ()),
         "EVALUATOR_PYTHON_PACKAGES": "",
-        "EVALUATOR_MAX_SESSIONS": "4",
+        # Above what the module's tests open together: each connection is a client of its own,
+        # and at the cap the one holding the most (a test's own) would lose its session.
+        "EVALUATOR_MAX_SESSIONS": "16",
     }
     args = ["-m", "evaluator", "--port", "{port}", "--log-level", "warning", "--time-limit", "20"]
     service = ServiceProcess(args, env, ("OPTIONS", "/eval"))
