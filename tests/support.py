@@ -104,6 +104,13 @@ def read_request(connection: socket.socket) -> bytes:
     return head
 
 
+def hang_up_after_reading(connection: socket.socket) -> None:
+    """A raw server's handler: reads the request whole, then closes without a word (a service
+    that died running it): nothing left unread, so an end of file, not a reset."""
+    connection.settimeout(10)
+    read_request(connection)
+
+
 @contextmanager
 def raw_server(
     handle: Callable[[socket.socket], None] | None = None, host: str = "127.0.0.1", port: int = 0

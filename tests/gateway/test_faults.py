@@ -9,7 +9,6 @@ answers, one that answers garbage, one that hangs up.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -36,8 +35,8 @@ from tests.gateway.harness import (
 from tests.support import (
     TIME_LIMIT,
     connect,
+    hang_up_after_reading,
     raw_server,
-    read_request,
     serve,
     sse_endpoint,
     text_of,
@@ -229,12 +228,7 @@ def hang_up_server() -> Iterator[str]:
     running it. (Closed with the request unread, the connection would be reset: the gateway
     could tell the code did not run, see ``test_a_new_connection_reset_under_an_unread_request
     _is_one_never_made``.)"""
-
-    def hang_up(connection: socket.socket) -> None:
-        connection.settimeout(10)
-        read_request(connection)
-
-    with raw_server(hang_up) as url:
+    with raw_server(hang_up_after_reading) as url:
         yield url
 
 

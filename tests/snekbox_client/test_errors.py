@@ -23,17 +23,11 @@ from snekbox_client import (
     InvalidResponse,
     SnekboxClient,
 )
-from tests.support import closed_port, raw_server, read_request, serve
+from tests.support import closed_port, hang_up_after_reading, raw_server, read_request, serve
 
 pytestmark = pytest.mark.anyio
 
 REQUEST = EvalRequest(input="print(1)")
-
-
-def hang_up_after_reading(connection: socket.socket) -> None:
-    """Reads the request whole, then closes: nothing left unread, an end of file, no reset."""
-    connection.settimeout(10)
-    read_request(connection)
 
 
 def hang_up_mid_answer(connection: socket.socket) -> None:
