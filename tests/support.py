@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -111,9 +113,17 @@ def hang_up_after_reading(connection: socket.socket) -> None:
     read_request(connection)
 
 
+def reset_unread(connection: socket.socket) -> bool:
+    """A raw server's handler: once the request has come (whether it did, within 10 s), close
+    with ``SO_LINGER`` 0 without reading it: a reset with the request unread."""
+    came = bool(select.select([connection], [], [], 10)[0])
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return came
+
+
 @contextmanager
 def raw_server(
-    handle: Callable[[socket.socket], None] | None = None, host: str = "127.0.0.1", port: int = 0
+    handle: Callable[[socket.socket], object] | None = None, host: str = "127.0.0.1", port: int = 0
 ) -> Iterator[str]:
     """A loopback TCP server for what no HTTP server does on purpose; yields its base URL.
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import select
-import socket
-import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -32,7 +29,7 @@ from snekbox_client import (
     SnekboxClient,
 )
 from snekbox_client._balancing import resolve
-from tests.support import raw_server
+from tests.support import raw_server, reset_unread
 
 from .conftest import IDENTIFY, REPLICAS, evaluator_at, port_free_on
 
@@ -153,11 +150,6 @@ async def test_a_request_reset_unread_is_not_sent_to_another_replica(replicas: i
     """A replica resets a new connection once the request has come, unread: it is skipped from
     then on, but this request is not sent again elsewhere (a proxy that resets on its own could
     have forwarded it: it could run twice); the call is "unreachable", the code did not run."""
-
-    def reset_unread(connection: socket.socket) -> None:
-        select.select([connection], [], [], 10)  # the request came
-        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-
     with raw_server(reset_unread, host="127.0.0.4", port=replicas):
         answers = Answers([*REPLICAS, "127.0.0.4"])
         async with balanced(replicas, answers, refresh_interval=3600.0) as (client, transport):

@@ -31,7 +31,7 @@ from snekbox_client import (
     SnekboxClient,
 )
 from snekbox_client._plain_http import PlainHTTPTransport, _Connection
-from tests.support import raw_server, read_request
+from tests.support import raw_server, read_request, reset_unread
 
 pytestmark = pytest.mark.anyio
 
@@ -289,11 +289,7 @@ async def test_a_new_connection_reset_under_an_unread_request_is_one_never_made(
     the code did not run, which the caller says as for a refused connection."""
     seen: list[bool] = []
 
-    def handle(connection: socket.socket) -> None:
-        seen.append(bool(select.select([connection], [], [], 10)[0]))  # the request came
-        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-
-    async with serving(handle) as url:
+    async with serving(lambda connection: seen.append(reset_unread(connection))) as url:
         with pytest.raises(httpx.ConnectError, match="reset with the request unread"):
             await fetch(url)
         async with SnekboxClient(url) as client:
