@@ -208,18 +208,24 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def children(pid: int) -> dict[int, str]:
+    """Every live child of ``pid``, as ``{pid: command name}`` (zombies left out)."""
+    found: dict[int, str] = {}
+    for child in _children(pid):
+        process = status(child)
+        if process is not None and process.state != "Z":
+            found[child] = process.name
+    return found
+
+
 def descendants(pid: int) -> dict[int, str]:
     """Every live descendant of ``pid``, as ``{pid: command name}`` (zombies left out)."""
     found: dict[int, str] = {}
-    todo = _children(pid)
+    todo = [pid]
     while todo:
-        child = todo.pop()
-        process = status(child)
-        if process is None:
-            continue
-        if process.state != "Z":
-            found[child] = process.name
-        todo += _children(child)
+        below = children(todo.pop())
+        found |= below
+        todo += below
     return found
 
 

@@ -28,7 +28,7 @@ from tests.gateway.harness import (
     PROTOCOL_VERSION,
     RawSession,
     ServiceProcess,
-    descendants,
+    children,
     evaluator_process,
     wait_for,
 )
@@ -256,8 +256,10 @@ SPIN = "print('spinning', flush=True)\nwhile True: pass"
 
 
 def sandboxes() -> set[int]:
-    """The bwrap processes below this test process: the built-in evaluator's running sandboxes."""
-    return {pid for pid, name in descendants(os.getpid()).items() if name == "bwrap"}
+    """The running sandboxes of the built-in evaluator in this test process: the bwrap processes
+    it started itself, not those of an evaluator it started as a process of its own (a
+    session-scoped fixture's, whose pool may refill during a test and would never end)."""
+    return {pid for pid, name in children(os.getpid()).items() if name == "bwrap"}
 
 
 @pytest.fixture
