@@ -134,9 +134,6 @@ class Cells:
     def __init__(self) -> None:
         self._cells: dict[str, Cell] = {}
 
-    def __len__(self) -> int:
-        return sum(cell.running for cell in self._cells.values())
-
     def begin(self, session_id: str) -> Cell:
         """A new cell for ``session_id``.
 

@@ -291,11 +291,6 @@ class Dispatcher:
         """A session ended on purpose: its cell's result is nobody's."""
         self._cells.drop(session)
 
-    @property
-    def running_cells(self) -> int:
-        """Cells read as they run that have not ended."""
-        return len(self._cells)
-
     def live_sandboxes(self) -> dict[str, Sandbox]:
         """The sandbox of each live session, for the memory watchdog (see :mod:`.watchdog`)."""
         return self._live.sandboxes()
