@@ -277,8 +277,8 @@ def report(
     print("floors, no code run (in the same loop):")
     for name, values in samples.items():
         if name.endswith(FLOOR):
-            p50, p95 = statistics.median(values), percentile(values, 95)
-            print(f"{name.removesuffix(FLOOR):<28}{p50:8.1f}{p95:8.1f}")
+            quantiles = "".join(f"{percentile(values, q):8.1f}" for q in (25, 50, 75, 95))
+            print(f"{name.removesuffix(FLOOR):<28}{quantiles}")
 
 
 if __name__ == "__main__":
