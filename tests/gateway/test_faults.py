@@ -225,9 +225,8 @@ async def test_evaluator_answering_garbage(
 @pytest.fixture
 def hang_up_server() -> Iterator[str]:
     """Reads each request whole and closes its connection without a word: a service that died
-    running it. (Closed with the request unread, the connection would be reset: the gateway
-    could tell the code did not run, see ``test_a_new_connection_reset_under_an_unread_request
-    _is_one_never_made``.)"""
+    running it. (Closed with the request unread, the connection would be reset, which tells the
+    gateway the code did not run: ``tests/snekbox_client/test_plain_http.py`` tests that.)"""
     with raw_server(hang_up_after_reading) as url:
         yield url
 
