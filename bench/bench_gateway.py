@@ -22,7 +22,11 @@ ms) or waits for one to start (25-50 ms), in every way alike. The times then fal
 and p50 lies wherever the share of ready ones puts it; p25 and p75 show the two modes.
 
 Without ``--session`` a fourth way, "direct one-shot", is a plain ``{"input": "print(1)"}``:
-what a user without the gateway sends, and the baseline of a call without ``session_id``.
+what a user without the gateway sends, and the baseline of a call without ``session_id``. And
+beside it the least any gateway on this MCP SDK can add to it, "sdk-only" over both transports:
+``_floor_server.py --snekbox-url`` in front of the same evaluator (a bare ``MCPServer`` whose
+tool posts that one-shot with httpx and returns its stdout, as the seed gateways do; no
+prelude, sessions, limits or middleware).
 
 A call without ``session_id`` starts a live session (the built-in evaluator keeps one, in the
 gateway's process or behind ``SNEKBOX_URL``), so each direct call names a new session too.
@@ -53,7 +57,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import ROOT, before_checkout, free_port, percentile, rounds, service_of
+from _common import (
+    ROOT,
+    before_checkout,
+    free_port,
+    percentile,
+    python_server,
+    rounds,
+    service_of,
+)
 from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.types import (
@@ -73,15 +85,23 @@ DIRECT = "direct /eval"
 #: A plain one-shot ``{"input": "print(1)"}``: what a user without the gateway would send. The
 #: target for a call without ``session_id`` is set against it (issue 31).
 ONE_SHOT = "direct one-shot"
+#: A bare MCP SDK server forwarding the one-shot (``_floor_server.py``): its ways' prefix.
+SDK_ONLY = "sdk-only"
 #: Marks the ways that run no code: printed apart, as absolute times.
 FLOOR = " (floor)"
 
 
 async def measure(
-    n: int, stacks: dict[str, tuple[str, str]], *, session: bool, gap: float = 0.0
+    n: int,
+    stacks: dict[str, tuple[str, str]],
+    *,
+    session: bool,
+    gap: float = 0.0,
+    sdk_only: str | None = None,
 ) -> dict[str, list[float]]:
     """``stacks``: for each name, an evaluator's URL and its gateway's; the evaluator is called
-    directly, the gateway over both transports; ``gap``: seconds of pause before each call."""
+    directly, the gateway over both transports; ``gap``: seconds of pause before each call;
+    ``sdk_only``: the URL of the bare SDK server in front of this tree's evaluator."""
     async with AsyncExitStack() as stack:
 
         def via(client: Client) -> Callable[[], Awaitable[None]]:
@@ -114,6 +134,13 @@ async def measure(
                 (f"{name} SSE no tool{FLOOR}", no_tool(sse)),
                 (f"{name} GET /healthz{FLOOR}", healthz(plain, url)),
             ]
+        if sdk_only is not None:
+            for transport, client in (
+                ("HTTP", Client(f"{sdk_only}/mcp")),
+                ("SSE", Client(sse_client(f"{sdk_only}/sse"))),
+            ):
+                entered = await stack.enter_async_context(client)
+                ways.append((f"{SDK_ONLY} {transport}", via_sdk_only(entered)))
         samples: dict[str, list[float]] = {name: [] for name, _ in ways}
         for _, way in ways:  # warm-up: connections, imports, first sandbox
             for _ in range(3):
@@ -160,6 +187,16 @@ def via_one_shot(direct: SnekboxClient) -> Callable[[], Awaitable[None]]:
     async def call() -> None:
         result = await direct.eval(EvalRequest(input="print(1)"))
         assert result.stdout == "1\n", result
+
+    return call
+
+
+def via_sdk_only(client: Client) -> Callable[[], Awaitable[None]]:
+    """Calls of the bare SDK server's tool, which answers the one-shot's stdout as its text."""
+
+    async def call() -> None:
+        result = await client.call_tool("execute_python_code", {"code": "print(1)"})
+        assert not result.is_error and result.structured_content == {"result": "1\n"}, result
 
     return call
 
@@ -237,7 +274,18 @@ def main() -> None:
             env = {} if args.in_process else {"SNEKBOX_URL": evaluator_url}
             stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
             stacks[name] = (evaluator_url, f"http://127.0.0.1:{port}")
-        samples = asyncio.run(measure(args.n, stacks, session=args.session, gap=args.gap))
+        sdk_only = None
+        if not args.session:
+            sdk_port = free_port()
+            sdk_only = f"http://127.0.0.1:{sdk_port}"
+            script = str(ROOT / "bench" / "_floor_server.py")
+            forward = ["--port", str(sdk_port), "--snekbox-url", stacks[AFTER][0]]
+            stack.enter_context(
+                python_server([script, *forward], f"GET {sdk_only}/healthz", quiet=True)
+            )
+        samples = asyncio.run(
+            measure(args.n, stacks, session=args.session, gap=args.gap, sdk_only=sdk_only)
+        )
     report(samples, checkouts, in_process=args.in_process, session=args.session, n=args.n)
 
 
@@ -262,7 +310,8 @@ def report(
     for name, values in samples.items():
         if name.endswith(FLOOR):
             continue
-        prefix = "" if name.split(" ", 1)[0] in (AFTER, "direct") else name.split(" ", 1)[0] + " "
+        first = name.split(" ", 1)[0]
+        prefix = "" if first in (AFTER, "direct", SDK_ONLY) else first + " "
         base50 = statistics.median(samples[prefix + DIRECT])
         p25, p50, p75, p95 = (percentile(values, q) for q in (25, 50, 75, 95))
         line = f"{name:<28}{p25:8.1f}{p50:8.1f}{p75:8.1f}{p95:8.1f}"
