@@ -7,8 +7,11 @@ mounts, seccomp); the service logs the result and reports it through ``limits_in
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .cgroups import Cgroups
@@ -16,7 +19,7 @@ from .config import EvaluatorConfig, MiB
 from .models import Limit
 from .users import RunUsers
 
-__all__ = ["ADDRESS_SPACE_HEADROOM", "describe", "rlimits", "session_bytes"]
+__all__ = ["ADDRESS_SPACE_HEADROOM", "describe", "rlimits", "session_bytes", "shared_nproc"]
 
 #: Headroom of the address-space rlimit over the memory limit, used only without a memory cgroup:
 #: libraries reserve far more virtual memory than they use (OpenBLAS fails under 256 MiB).
@@ -24,6 +27,8 @@ ADDRESS_SPACE_HEADROOM = 512 * MiB
 #: Tasks an idle sandbox holds (bubblewrap's two, the interpreter's three threads: measured 4-5),
 #: with room for one retiring beside it: counted in the shared RLIMIT_NPROC below.
 IDLE_SANDBOX_TASKS = 8
+#: Seconds a count of the tasks of the runs' shared uid is used for (see :func:`shared_nproc`).
+_RECOUNT_AFTER = 1.0
 
 
 def session_bytes(config: EvaluatorConfig, cgroups: Cgroups) -> int:
@@ -47,7 +52,9 @@ def session_bytes(config: EvaluatorConfig, cgroups: Cgroups) -> int:
 def rlimits(
     config: EvaluatorConfig, cgroups: Cgroups, *, mounted: bool, own_uid: bool
 ) -> tuple[list[tuple[int, int]], int | None]:
-    """The ``(resource, limit)`` pairs of every run, and the RLIMIT_NPROC among them, if any.
+    """The ``(resource, limit)`` pairs of every run, and its RLIMIT_NPROC, if any: among the
+    pairs when each run has a uid of its own; else (runs sharing the service's uid, no pids
+    cgroup) not among them, and the room it leaves over the uid's tasks (:func:`shared_nproc`).
 
     Args:
         mounted: Whether each working directory is a size-bounded tmpfs.
@@ -66,15 +73,12 @@ def rlimits(
         # One count for every task (process or thread) of the uid: the service's, every
         # sandbox's, and those of anything else running as that uid, other containers of the same
         # image included (the kernel counts per user, not per container). No bound per run can be
-        # had from it, only one for all: room for what runs now, for every slot's run at its
-        # limit, and for the sandboxes kept between runs (ready ones, live sessions).
+        # had from it, only one for all: room for every slot's run at its limit and for the
+        # sandboxes kept between runs (ready ones, live sessions), over what the uid runs when
+        # each sandbox is made (see :func:`shared_nproc`), not at start: the user's other
+        # processes come and go, and a count taken once would soon refuse every new sandbox.
         idle = (config.concurrency if config.prewarm else 0) + config.session_limit
-        nproc = (
-            _tasks_of(os.getuid())
-            + config.concurrency * config.pids_limit
-            + idle * IDLE_SANDBOX_TASKS
-        )
-        pairs.append((resource.RLIMIT_NPROC, nproc))
+        nproc = config.concurrency * config.pids_limit + idle * IDLE_SANDBOX_TASKS
     if not mounted:
         pairs.append((resource.RLIMIT_FSIZE, config.workdir_size * MiB))
     return pairs, nproc
@@ -168,12 +172,28 @@ def _processes(cgroup: str | None, nproc: int | None, users: RunUsers) -> str:
             return f"no pids cgroup; RLIMIT_NPROC {nproc} of the run's own uid"
         return (
             f"not per run: no pids cgroup, and every run has uid {os.getuid()}, whose "
-            f"RLIMIT_NPROC {nproc} bounds all runs together (it counts every process and "
-            "thread of that uid, in any container)"
+            f"RLIMIT_NPROC bounds all runs together at {nproc} over that uid's tasks when "
+            "each sandbox is made (it counts every process and thread of that uid, in any "
+            "container)"
         )
     if nproc is not None and users.dropping:
         return cgroup + f" and RLIMIT_NPROC {nproc} of the run's own uid"
     return cgroup
+
+
+def shared_nproc(room: int, uid: int) -> Callable[[], int]:
+    """The RLIMIT_NPROC of a sandbox made now whose runs share ``uid``: ``room`` over the
+    tasks of ``uid`` (counted again at most once a second: a count reads all of ``/proc``)."""
+    counted = (-math.inf, 0)
+
+    def limit() -> int:
+        nonlocal counted
+        now = time.monotonic()
+        if now - counted[0] >= _RECOUNT_AFTER:
+            counted = (now, _tasks_of(uid))
+        return counted[1] + room
+
+    return limit
 
 
 def _tasks_of(uid: int) -> int:

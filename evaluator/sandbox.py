@@ -56,6 +56,8 @@ class SandboxMaker:
         shm_size: Bytes of each run's ``noexec`` ``/dev/shm``, made with its working directory
             (see :attr:`.workdir.Workdir.shm`); ``None``: none (unsandboxed runs).
         rlimits: ``(resource, limit)`` pairs set in every run's process.
+        nproc: The RLIMIT_NPROC of a sandbox released now, when it varies (runs sharing the
+            service's uid: :func:`.limits.shared_nproc`); ``None``: among ``rlimits``, or none.
         seccomp_program: The compiled seccomp filter, or ``None`` for none.
         host_env: ``None`` for runs in bwrap (which sets the environment); else the environment
             of unsandboxed runs, whose home and temporary directories are then set to the
@@ -75,6 +77,7 @@ class SandboxMaker:
         workdir_inodes: int,
         shm_size: int | None,
         rlimits: Sequence[tuple[int, int]],
+        nproc: Callable[[], int] | None,
         seccomp_program: bytes | None,
         host_env: Mapping[str, str] | None,
         on_dispose: Callable[[Sandbox], None] | None,
@@ -90,6 +93,7 @@ class SandboxMaker:
         self._workdir_inodes = workdir_inodes
         self._shm_size = shm_size
         self._rlimits = tuple(rlimits)
+        self._nproc = nproc
         self._seccomp = seccomp_program
         self._host_env = dict(host_env) if host_env is not None else None
         self._launcher = launcher
@@ -125,6 +129,7 @@ class SandboxMaker:
             spec = LaunchSpec(
                 cgroup_procs=cgroup.procs_files if cgroup is not None else (),
                 rlimits=self._rlimits,
+                nproc_at_release=self._nproc is not None,
                 user=user,
                 covers=self._covers,
                 cwd="/" if self._host_env is None else str(workdir.path),
@@ -141,7 +146,12 @@ class SandboxMaker:
             seccomp_fd = seccomp.program_fd(self._seccomp) if self._seccomp is not None else None
             try:
                 process = JailedProcess.spawn(
-                    spec, cgroup=cgroup, seccomp_fd=seccomp_fd, warm=warm, session=session
+                    spec,
+                    cgroup=cgroup,
+                    seccomp_fd=seccomp_fd,
+                    warm=warm,
+                    session=session,
+                    nproc=self._nproc,
                 )
             finally:
                 if seccomp_fd is not None:

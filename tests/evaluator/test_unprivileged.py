@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -263,6 +264,41 @@ def test_every_live_session_starts_on_a_shared_uid(venv: Path) -> None:
         assert (answer["stdout"], answer["returncode"]) == ("forked\n", 0), answer
         again = client.post("/eval", json={"input": "print(os.getuid())", "session": "s0"})
         assert again.json()["stdout"] == f"{NOBODY}\n", "the first session was not kept"
+
+
+def test_runs_start_after_the_users_other_processes_grew(venv: Path) -> None:
+    """The shared RLIMIT_NPROC leaves its room over what the uid runs when each sandbox is
+    released, not when the service started: a user whose other processes grew since (a browser,
+    a build) still gets runs. A count taken once refused every new sandbox then ("bwrap: Creating
+    new namespace failed: Resource temporarily unavailable"), the ready one made at start too."""
+    # Room: 1 run of 64, 8 for each of the ready sandbox and 2 sessions: 88.
+    flags = ("--concurrency", "1", "--max-sessions", "2", "--warm-sandboxes", "0")
+    grow = (  # 150 more tasks of the uid, alive until the test ends
+        "import os, sys, time\n"
+        "for _ in range(150):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(600); os._exit(0)\n"
+        "print('grown', flush=True); sys.stdin.read()\n"
+    )
+    with nobody_evaluator(venv, 30, flags=flags) as (url, _):
+        assert run(url, "print(1)")["stdout"] == "1\n"
+        others = subprocess.Popen(
+            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+             SYSTEM_PYTHON, "-c", grow],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            assert others.stdout is not None and others.stdout.readline() == "grown\n"
+            for code in ("print(1)", "print(2)"):  # the ready sandbox, then one made now
+                answer = run(url, code)
+                assert (answer["stdout"], answer["returncode"]) == (code[6] + "\n", 0), answer
+            forks = "import os\nfor _ in range(8):\n    os.fork() or os._exit(0)\nprint('forked')"
+            assert run(url, forks)["stdout"] == "forked\n"
+            cell = run(url, "print(3)", session="grown")
+            assert (cell["stdout"], cell["returncode"]) == ("3\n", 0), cell
+        finally:
+            os.killpg(others.pid, signal.SIGKILL)
+            others.wait(timeout=30)
 
 
 def test_shared_isolation_checks_hold_for_an_ordinary_user(
@@ -579,7 +615,7 @@ def test_startup_log_tells_which_limits_hold(
     assert "no memory cgroup; address-space rlimit" in log
     assert re.search(
         f"64 asked, not per run: no pids cgroup, and every run has uid {NOBODY}, "
-        r"whose RLIMIT_NPROC \d+ bounds all runs together",
+        r"whose RLIMIT_NPROC bounds all runs together at \d+ over that uid.s tasks",
         log,
     ), log
     assert "limit working directory: 48 MiB tmpfs" in log
