@@ -261,6 +261,16 @@ async def sse_endpoint(lines: AsyncIterator[str]) -> str:
     raise AssertionError("the SSE stream ended without an endpoint event")
 
 
+def assert_all_enforced_as_root(readiness: dict[str, object], *, local: bool = True) -> None:
+    """As root this machine enforces every limit; an ordinary user's /readyz names those its
+    ``local`` (in-process) evaluator cannot (no cgroups: processes, CPU, its own uid). A
+    remote service's limits are its own: /readyz does not name them."""
+    if os.geteuid() == 0 or not local:
+        assert readiness == {"status": "ready"}
+    else:
+        assert set(readiness) == {"status", "not_enforced"}
+
+
 def memory_is_a_cgroup() -> bool:
     """Whether a run past its memory limit is killed here by a memory cgroup (137), rather
     than refused by the address-space rlimit an ordinary user gets without a delegated

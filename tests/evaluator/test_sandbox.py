@@ -96,6 +96,11 @@ async def test_the_answer_says_which_limit_ended_the_run(
         assert time.monotonic() - started < TIME_LIMIT
     if ended_by == "memory_limit" and not memory_is_a_cgroup():
         returncode, ended_by = 1, "exit"  # MemoryError: the code ends, no limit kills it
+    if returncode == 137 and ended_by == "exit" and not memory_is_a_cgroup():
+        # A SIGKILL the jail did not send may be the kernel's OOM killer's there, or the
+        # code's own: the answer does not say (test_unprivileged.py).
+        assert (result["returncode"], result.get("ended_by")) == (137, None), result
+        return
     assert (result["returncode"], result["ended_by"]) == (returncode, ended_by)
 
 
@@ -231,6 +236,8 @@ async def test_host_files_are_invisible(client: httpx.AsyncClient) -> None:
     ]
     # Unless the checkout (and so the environment) lives below them.
     hidden += [top for top in ("/tmp", "/var") if top not in expected]
+    # Nor what a bind holds (Debian's own interpreter: its prefix is /usr, bound whole).
+    hidden = [path for path in hidden if not any(Path(path).is_relative_to(b) for b in binds)]
     code = (
         "import json, os\n"
         f"hidden = {hidden!r}\n"

@@ -12,6 +12,7 @@ test checks that after all this the gateway still serves both transports and lea
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import struct
@@ -36,7 +37,7 @@ from tests.gateway.harness import (
     open_fds,
     wait_for,
 )
-from tests.support import connect, text_of
+from tests.support import assert_all_enforced_as_root, connect, memory_is_a_cgroup, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -304,6 +305,11 @@ def _own_proc(structured: dict[str, Any]) -> None:
     _token_nowhere(structured)
 
 
+#: A memory bomb's end without a memory cgroup (an ordinary user's address-space rlimit): the
+#: allocation fails, and the code ends with the exception.
+_MEMORY_ERROR = Result("exception", 1, ("MemoryError",))
+
+
 def _few_forks(structured: dict[str, Any]) -> None:
     forks = re.fullmatch(r"refused after (\d+) forks: BlockingIOError\n", structured["stdout"])
     assert forks and int(forks.group(1)) < 64, structured["stdout"]
@@ -563,7 +569,8 @@ CASES: list[Any] = [
     pytest.param(run("#" * MAX_CODE), Result("ok", 0, ("(no output)",)), id="code-at-max-chars"),
     pytest.param(
         run("print('a')\x00print('b')"),
-        Result("exception", 1, ("SyntaxError: source code string cannot contain null bytes",)),
+        # SyntaxError, or ValueError on the Pythons before the parser said so (Debian's 3.11.2).
+        Result("exception", 1, ("Error: source code string cannot contain null bytes",)),
         id="nul-byte-in-code",
     ),
     pytest.param(
@@ -682,7 +689,14 @@ CASES: list[Any] = [
     pytest.param(sse_flood, None, id="sse-2000-connections-dropped"),
     # The sandbox side, through the tool
     pytest.param(
-        run(FORK_COUNT), Result("ok", 0, check=_few_forks), id="fork-bomb-stops-at-pids-limit"
+        run(FORK_COUNT),
+        Result("ok", 0, check=_few_forks),
+        id="fork-bomb-stops-at-pids-limit",
+        marks=pytest.mark.skipif(
+            os.geteuid() != 0 and not memory_is_a_cgroup(),
+            reason="an ordinary user without a delegated cgroup v2 bounds processes for all runs "
+            "together (RLIMIT_NPROC, said in /readyz), not per run: test_unprivileged.py tests it",
+        ),
     ),
     pytest.param(
         run(FORK_SPIN),
@@ -694,12 +708,14 @@ CASES: list[Any] = [
     ),
     pytest.param(
         run("x = b'x' * (1 << 30)\nprint('survived')"),
-        Result("killed", 137, ("(no output)", "the memory limit")),
+        Result("killed", 137, ("(no output)", "the memory limit"))
+        if memory_is_a_cgroup()
+        else _MEMORY_ERROR,
         id="memory-bomb-1GiB",
     ),
     pytest.param(
         run("chunks = []\nwhile True:\n    chunks.append(b'x' * 10**7)"),
-        Result("killed", 137, ("(no output)",)),
+        Result("killed", 137, ("(no output)",)) if memory_is_a_cgroup() else _MEMORY_ERROR,
         id="memory-bomb-growing",
     ),
     pytest.param(
@@ -911,7 +927,8 @@ async def test_after_the_suite_the_gateway_still_serves(gateway: Gateway) -> Non
     async with httpx.AsyncClient(base_url=gateway.url) as http:
         ready = await http.get("/readyz")
         metrics = (await http.get("/metrics")).text
-    assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+    assert ready.status_code == 200
+    assert_all_enforced_as_root(ready.json())
     assert gateway.service.process is not None and gateway.service.process.poll() is None
 
     pid = gateway.service.pid
