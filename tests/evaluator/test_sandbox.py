@@ -249,7 +249,8 @@ async def test_host_files_are_invisible(client: httpx.AsyncClient) -> None:
     result = await run(client, code)
     seen = json.loads(result["stdout"])
     assert seen["exists"] == []
-    tops = {bind.parts[1] for bind in binds}
+    # The working directory too: /sandbox where the environment lies under /home.
+    tops = {bind.parts[1] for bind in binds} | {Path(sandbox_home()).parts[1]}
     assert seen["root"] == sorted({"dev", "home", "lib", "lib64", "proc", "usr"} | tops)
     assert seen["dirs"] == {d: sorted(children) for d, children in expected.items()}
 
