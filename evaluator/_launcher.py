@@ -17,8 +17,7 @@ this order:
    working directory there (and the run's ``noexec`` ``/dev/shm`` beside it, which bwrap binds),
    and writes :data:`_MOUNTED` to stdout: the service then opens the directory through
    ``/proc/<pid>/root``, which keeps the tmpfs reachable after the run;
-5. blocks reading its command line from fd 3 (first, where the runs share the service's uid,
-   the RLIMIT_NPROC the service counted for them then), and execs it (bwrap) with fd 4 its seccomp
+5. blocks reading its command line from fd 3, and execs it (bwrap) with fd 4 its seccomp
    program (and fd 5, for a warm agent, the pipe its run will come through: ``_agent.py``).
    EOF without the release marker means the run was cancelled, or the service died: it exits
    at once. After the exec, bwrap's ``--die-with-parent`` ties the run to the service.
@@ -177,11 +176,6 @@ def main() -> None:
         os.closerange(_AGENT_FDS[0], _AGENT_FDS[-1] + 1)  # a sandbox made for either
     else:
         os._exit(0)
-    if spec["nproc_at_release"]:  # counted by the service just now (limits.shared_nproc)
-        limit, hard = int(argv.pop(0)), resource.getrlimit(resource.RLIMIT_NPROC)[1]
-        if hard != resource.RLIM_INFINITY:
-            limit = min(limit, hard)
-        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)  # Python ignores them; exec keeps that
     env = {k.encode(): v.encode() for k, v in spec["env"].items()}

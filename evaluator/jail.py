@@ -67,11 +67,8 @@ class JailedProcess:
         status_fd: int | None = None,
         *,
         cgroup: RunCgroup | None,
-        nproc: Callable[[], int] | None = None,
     ) -> None:
         self._child = Child(pid, cgroup)
-        # The RLIMIT_NPROC sent with the command line (LaunchSpec.nproc_at_release).
-        self._nproc = nproc
         self.pid = pid
         self._pidfd = self._child.pidfd
         #: A session agent's status pipe (see :meth:`run_cell`).
@@ -95,7 +92,6 @@ class JailedProcess:
         seccomp_fd: int | None = None,
         warm: bool = False,
         session: bool = False,
-        nproc: Callable[[], int] | None = None,
     ) -> JailedProcess:
         """Start the launcher; it blocks until :meth:`release` (or exits on :meth:`cancel`).
 
@@ -106,10 +102,9 @@ class JailedProcess:
             warm: Hand it fd 5, the request pipe of a warm agent (see :meth:`deliver`).
             session: And fd 6, where a session's agent says how each cell ended (see
                 :meth:`run_cell`).
-            nproc: With ``spec.nproc_at_release``, the RLIMIT_NPROC to release it with.
         """
         pipes = start_launcher(spec, seccomp_fd=seccomp_fd, warm=warm, session=session)
-        return cls(*pipes, cgroup=cgroup, nproc=nproc)
+        return cls(*pipes, cgroup=cgroup)
 
     async def mounted(self) -> bool:
         """Wait until the launcher has mounted the working directory (``LaunchSpec.workdir``).
@@ -149,8 +144,6 @@ class JailedProcess:
                 if (pipe := getattr(self, name)) is not None:
                     os.close(pipe)
                     setattr(self, name, None)
-        if self._nproc is not None:
-            argv = [str(self._nproc()), *argv]
         write_args(fd, argv, RELEASE_AGENT if agent else RELEASE)
         self.released_at = time.monotonic()
         if time_limit is not None:

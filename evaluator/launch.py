@@ -63,9 +63,6 @@ class LaunchSpec:
             too, which bwrap binds as ``/dev/shm``.
         idle: Once in its cgroups, it moves itself (and so all it starts) to ``SCHED_IDLE``
             (see :mod:`.run_cgroup`).
-        nproc_at_release: Its RLIMIT_NPROC comes first on the command line (its runs share the
-            service's uid: the uid's tasks are counted at the release, see
-            :func:`.limits.shared_nproc`), within the hard limit it has.
         launcher: The launcher's file: its source, or the same compiled
             (:func:`.startup.place_launcher`).
     """
@@ -79,7 +76,6 @@ class LaunchSpec:
     workdir: tuple[str, int, int] | None = None
     shm: tuple[str, int, int] | None = None
     idle: bool = False
-    nproc_at_release: bool = False
     launcher: str = LAUNCHER
 
     def argv(self) -> list[str]:
@@ -95,7 +91,6 @@ class LaunchSpec:
             "workdir": list(self.workdir) if self.workdir else None,
             "shm": list(self.shm) if self.shm else None,
             "idle": self.idle,
-            "nproc_at_release": self.nproc_at_release,
         }
         # -I -S: none of the environment, no site-packages, so nothing of the service loads.
         return [sys.executable, "-I", "-S", self.launcher, marshal.dumps(spec).hex()]

@@ -11,7 +11,6 @@ import math
 import os
 import resource
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from .cgroups import Cgroups
@@ -19,7 +18,7 @@ from .config import EvaluatorConfig, MiB
 from .models import Limit
 from .users import RunUsers
 
-__all__ = ["ADDRESS_SPACE_HEADROOM", "describe", "rlimits", "session_bytes", "shared_nproc"]
+__all__ = ["ADDRESS_SPACE_HEADROOM", "SharedNproc", "describe", "rlimits", "session_bytes"]
 
 #: Headroom of the address-space rlimit over the memory limit, used only without a memory cgroup:
 #: libraries reserve far more virtual memory than they use (OpenBLAS fails under 256 MiB).
@@ -27,7 +26,7 @@ ADDRESS_SPACE_HEADROOM = 512 * MiB
 #: Tasks an idle sandbox holds (bubblewrap's two, the interpreter's three threads: measured 4-5),
 #: with room for one retiring beside it: counted in the shared RLIMIT_NPROC below.
 IDLE_SANDBOX_TASKS = 8
-#: Seconds a count of the tasks of the runs' shared uid is used for (see :func:`shared_nproc`).
+#: Seconds a count of the tasks of the runs' shared uid is used for (see :class:`SharedNproc`).
 _RECOUNT_AFTER = 1.0
 
 
@@ -75,7 +74,7 @@ def rlimits(
         # image included (the kernel counts per user, not per container). No bound per run can be
         # had from it, only one for all: room for every slot's run at its limit and for the
         # sandboxes kept between runs (ready ones, live sessions), over what the uid runs when
-        # each sandbox is made (see :func:`shared_nproc`), not at start: the user's other
+        # each sandbox is made (see :class:`SharedNproc`), not at start: the user's other
         # processes come and go, and a count taken once would soon refuse every new sandbox.
         idle = (config.concurrency if config.prewarm else 0) + config.session_limit
         nproc = config.concurrency * config.pids_limit + idle * IDLE_SANDBOX_TASKS
@@ -181,19 +180,35 @@ def _processes(cgroup: str | None, nproc: int | None, users: RunUsers) -> str:
     return cgroup
 
 
-def shared_nproc(room: int, uid: int) -> Callable[[], int]:
-    """The RLIMIT_NPROC of a sandbox made now whose runs share ``uid``: ``room`` over the
-    tasks of ``uid`` (counted again at most once a second: a count reads all of ``/proc``)."""
-    counted = (-math.inf, 0)
+class SharedNproc:
+    """The RLIMIT_NPROC of sandboxes whose runs share the service's uid (no pids cgroup).
 
-    def limit() -> int:
-        nonlocal counted
+    The kernel counts the uid's tasks everywhere, the user's own included, against the limit
+    the launcher holds when it enters its user namespace: one bound for all runs together.
+    A sandbox gets ``room`` over the uid's tasks counted when it is made (at most once a second:
+    a count reads all of ``/proc``); one made ahead that the count has since outgrown, so
+    that it has less than ``need`` tasks left, is :meth:`spent`, and is made again.
+    """
+
+    def __init__(self, room: int, need: int, uid: int) -> None:
+        self.room = room
+        self.need = need
+        self._uid = uid
+        self._counted = (-math.inf, 0)
+
+    def limit(self) -> int:
+        """The limit of a sandbox made now."""
+        return self._count() + self.room
+
+    def spent(self, limit: int) -> bool:
+        """Whether a sandbox made with ``limit`` lacks room for a run now."""
+        return limit - self._count() < self.need
+
+    def _count(self) -> int:
         now = time.monotonic()
-        if now - counted[0] >= _RECOUNT_AFTER:
-            counted = (now, _tasks_of(uid))
-        return counted[1] + room
-
-    return limit
+        if now - self._counted[0] >= _RECOUNT_AFTER:
+            self._counted = (now, _tasks_of(self._uid))
+        return self._counted[1]
 
 
 def _tasks_of(uid: int) -> int:

@@ -213,7 +213,9 @@ def make_pool(
         workdir_inodes=config.workdir_inodes,
         shm_size=None if config.unsandboxed else config.shm_size * MiB,
         rlimits=rlimits,
-        nproc=None if nproc is None or users.dropping else limits.shared_nproc(nproc, os.getuid()),
+        nproc=None
+        if nproc is None or users.dropping
+        else limits.SharedNproc(nproc, config.pids_limit, os.getuid()),
         seccomp_program=seccomp_program,
         host_env=environment(config) if config.unsandboxed else None,
         on_dispose=on_dispose,
