@@ -28,6 +28,8 @@ ADDRESS_SPACE_HEADROOM = 512 * MiB
 IDLE_SANDBOX_TASKS = 8
 #: Seconds a count of the tasks of the runs' shared uid is used for (see :class:`SharedNproc`).
 _RECOUNT_AFTER = 1.0
+#: Ancestors looked through to tell a sandbox's task from another's (bwrap nests a few).
+_MOST_DEPTH = 16
 
 
 def session_bytes(config: EvaluatorConfig, cgroups: Cgroups) -> int:
@@ -53,7 +55,7 @@ def rlimits(
 ) -> tuple[list[tuple[int, int]], int | None]:
     """The ``(resource, limit)`` pairs of every run, and its RLIMIT_NPROC, if any: among the
     pairs when each run has a uid of its own; else (runs sharing the service's uid, no pids
-    cgroup) not among them, and the room it leaves over the uid's tasks (:func:`shared_nproc`).
+    cgroup) not among them, and the room it leaves over the uid's tasks (:class:`SharedNproc`).
 
     Args:
         mounted: Whether each working directory is a size-bounded tmpfs.
@@ -171,9 +173,8 @@ def _processes(cgroup: str | None, nproc: int | None, users: RunUsers) -> str:
             return f"no pids cgroup; RLIMIT_NPROC {nproc} of the run's own uid"
         return (
             f"not per run: no pids cgroup, and every run has uid {os.getuid()}, whose "
-            f"RLIMIT_NPROC bounds all runs together at {nproc} over that uid's tasks when "
-            "each sandbox is made (it counts every process and thread of that uid, in any "
-            "container)"
+            f"RLIMIT_NPROC bounds all runs together at {nproc} over that uid's tasks outside "
+            "the sandboxes (it counts every process and thread of that uid, in any container)"
         )
     if nproc is not None and users.dropping:
         return cgroup + f" and RLIMIT_NPROC {nproc} of the run's own uid"
@@ -183,40 +184,60 @@ def _processes(cgroup: str | None, nproc: int | None, users: RunUsers) -> str:
 class SharedNproc:
     """The RLIMIT_NPROC of sandboxes whose runs share the service's uid (no pids cgroup).
 
-    The kernel counts the uid's tasks everywhere, the user's own included, against the limit
-    the launcher holds when it enters its user namespace: one bound for all runs together.
-    A sandbox gets ``room`` over the uid's tasks counted when it is made (at most once a second:
-    a count reads all of ``/proc``); one made ahead that the count has since outgrown, so
-    that it has less than ``need`` tasks left, is :meth:`spent`, and is made again.
+    The kernel counts every task of the uid, the user's own and every sandbox's, against the
+    limit the launcher holds when it enters its user namespace: one bound for all runs together.
+    Each sandbox gets ``room`` (for this service's runs and kept sandboxes, together) over the
+    uid's other tasks (the user's, other services'), counted when it is made (at most once a
+    second: a count reads all of ``/proc``), within the service's own hard limit. One made
+    ahead is :meth:`spent` once the uid's tasks, all counted, leave it less than ``need``
+    (enough to start), and is made again: the user's other processes come and go.
     """
 
     def __init__(self, room: int, need: int, uid: int) -> None:
         self.room = room
         self.need = need
         self._uid = uid
-        self._counted = (-math.inf, 0)
+        self._counted = (-math.inf, 0, 0)
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        self._hard = None if hard == resource.RLIM_INFINITY else hard
 
     def limit(self) -> int:
         """The limit of a sandbox made now."""
-        return self._count() + self.room
+        others, _ = self._count()
+        limit = others + self.room
+        return limit if self._hard is None else min(limit, self._hard)
 
     def spent(self, limit: int) -> bool:
-        """Whether a sandbox made with ``limit`` lacks room for a run now."""
-        return limit - self._count() < self.need
+        """Whether a sandbox made with ``limit`` lacks room to start now."""
+        _, total = self._count()
+        return limit - total < self.need
 
-    def _count(self) -> int:
+    def _count(self) -> tuple[int, int]:
         now = time.monotonic()
         if now - self._counted[0] >= _RECOUNT_AFTER:
-            self._counted = (now, _tasks_of(self._uid))
-        return self._counted[1]
+            self._counted = (now, *_tasks_of(self._uid))
+        return self._counted[1], self._counted[2]
 
 
-def _tasks_of(uid: int) -> int:
-    """Processes and threads of ``uid`` in sight (RLIMIT_NPROC counts both)."""
-    count = 0
+def _tasks_of(uid: int) -> tuple[int, int]:
+    """Processes and threads of ``uid`` in sight (RLIMIT_NPROC counts both): those not in this
+    service's sandboxes (its descendants in other user namespaces), and all of them."""
+    me, own = os.getpid(), os.readlink("/proc/self/ns/user")
+    tasks: dict[int, tuple[int, int, bool]] = {}  # pid: (parent, tasks, in a sandbox's namespace)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError, IndexError):
                 if entry.stat().st_uid == uid:
-                    count += len(os.listdir(entry / "task"))
-    return count
+                    stat = (entry / "stat").read_text()
+                    parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+                    inside = os.readlink(entry / "ns" / "user") != own
+                    tasks[int(entry.name)] = (parent, len(os.listdir(entry / "task")), inside)
+    total = sum(count for _, count, _ in tasks.values())
+    ours = 0
+    for parent, count, inside in tasks.values():
+        for _ in range(_MOST_DEPTH):  # a pid reused during the scan cannot make it loop
+            if not inside or parent == me or parent not in tasks:
+                break
+            parent = tasks[parent][0]
+        ours += count if inside and parent == me else 0
+    return total - ours, total

@@ -143,7 +143,7 @@ class SandboxPool:
         return tier.waiting.pop()
 
     def _drop_spent(self) -> None:
-        """Retire the sandboxes made ahead that lack room for a run under their RLIMIT_NPROC
+        """Retire the sandboxes made ahead that lack room to start under their RLIMIT_NPROC
         now (the uid their runs share runs more than when they were made: see
         :class:`.limits.SharedNproc`); their places are made again."""
         tiers = (t for t in (self._full, self._started) if t is not None)

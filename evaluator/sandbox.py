@@ -167,7 +167,7 @@ class SandboxMaker:
         return Sandbox(workdir, cgroup, process, user, warm, nproc)
 
     def spent(self, sandbox: Sandbox) -> bool:
-        """Whether ``sandbox``, made ahead, lacks room for a run under its RLIMIT_NPROC now
+        """Whether ``sandbox``, made ahead, lacks room to start under its RLIMIT_NPROC now
         (the tasks of the uid its runs share grew since: see :class:`.limits.SharedNproc`)."""
         return (
             self._nproc is not None

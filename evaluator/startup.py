@@ -215,7 +215,7 @@ def make_pool(
         rlimits=rlimits,
         nproc=None
         if nproc is None or users.dropping
-        else limits.SharedNproc(nproc, config.pids_limit, os.getuid()),
+        else limits.SharedNproc(nproc, limits.IDLE_SANDBOX_TASKS, os.getuid()),
         seccomp_program=seccomp_program,
         host_env=environment(config) if config.unsandboxed else None,
         on_dispose=on_dispose,

@@ -267,19 +267,26 @@ def test_every_live_session_starts_on_a_shared_uid(venv: Path) -> None:
 
 
 def test_runs_start_after_the_users_other_processes_grew(venv: Path) -> None:
-    """The shared RLIMIT_NPROC leaves its room over what the uid runs when each sandbox is
-    made, not when the service started, and a sandbox made ahead that the count outgrew is made
-    again: a user whose other processes grew since (a browser, a build) still gets runs. A count
-    taken once refused every new sandbox then ("bwrap: Creating new namespace failed: Resource
-    temporarily unavailable"), the ready one made ahead too."""
+    """The shared RLIMIT_NPROC leaves its room over what the uid runs outside the sandboxes
+    when each sandbox is made, not when the service started, and a sandbox made ahead that the
+    count outgrew is made again: a user whose other processes grew since (a browser, a build)
+    still gets runs. A count taken once refused every new sandbox then ("bwrap: Creating new
+    namespace failed: Resource temporarily unavailable"), the ready one made ahead too."""
     # Room: 1 run of 64, 8 for each of the ready sandbox and 2 sessions: 88.
     flags = ("--concurrency", "1", "--max-sessions", "2", "--warm-sandboxes", "0")
-    grow = (  # 150 more tasks of the uid, alive until the test ends
-        "import os, sys, time\n"
+    grow = (  # 150 more tasks of the uid until its stdin closes, then reaped (no zombie stays)
+        "import os, signal, sys, time\n"
+        "children = []\n"
         "for _ in range(150):\n"
-        "    if os.fork() == 0:\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
         "        time.sleep(600); os._exit(0)\n"
+        "    children.append(child)\n"
         "print('grown', flush=True); sys.stdin.read()\n"
+        "for child in children:\n"
+        "    os.kill(child, signal.SIGKILL)\n"
+        "for child in children:\n"
+        "    os.waitpid(child, 0)\n"
     )
     with nobody_evaluator(venv, 30, flags=flags) as (url, _):
         assert run(url, "print(1)")["stdout"] == "1\n"
@@ -299,8 +306,13 @@ def test_runs_start_after_the_users_other_processes_grew(venv: Path) -> None:
             cell = run(url, "print(3)", session="grown")
             assert (cell["stdout"], cell["returncode"]) == ("3\n", 0), cell
         finally:
-            os.killpg(others.pid, signal.SIGKILL)
-            others.wait(timeout=30)
+            assert others.stdin is not None
+            others.stdin.close()
+            try:
+                others.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(others.pid, signal.SIGKILL)
+                raise
 
 
 def test_shared_isolation_checks_hold_for_an_ordinary_user(
@@ -617,7 +629,7 @@ def test_startup_log_tells_which_limits_hold(
     assert "no memory cgroup; address-space rlimit" in log
     assert re.search(
         f"64 asked, not per run: no pids cgroup, and every run has uid {NOBODY}, "
-        r"whose RLIMIT_NPROC bounds all runs together at \d+ over that uid.s tasks",
+        r"whose RLIMIT_NPROC bounds all runs together at \d+ over that uid.s tasks outside",
         log,
     ), log
     assert "limit working directory: 48 MiB tmpfs" in log
