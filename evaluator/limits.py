@@ -75,9 +75,10 @@ def rlimits(
         # sandbox's, and those of anything else running as that uid, other containers of the same
         # image included (the kernel counts per user, not per container). No bound per run can be
         # had from it, only one for all: room for every slot's run at its limit and for the
-        # sandboxes kept between runs (ready ones, live sessions), over what the uid runs when
-        # each sandbox is made (see :class:`SharedNproc`), not at start: the user's other
-        # processes come and go, and a count taken once would soon refuse every new sandbox.
+        # sandboxes kept between runs (ready ones, live sessions), over the uid's tasks outside
+        # this service's sandboxes when each sandbox is made (see :class:`SharedNproc`), not at
+        # start: the user's other processes come and go, and a count taken once would soon
+        # refuse every new sandbox.
         idle = (config.concurrency if config.prewarm else 0) + config.session_limit
         nproc = config.concurrency * config.pids_limit + idle * IDLE_SANDBOX_TASKS
     if not mounted:
