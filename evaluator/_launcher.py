@@ -16,7 +16,8 @@ this order:
    its own (its uid and gid mapped to themselves), mounts the run's size-bounded tmpfs on the
    working directory there (and the run's ``noexec`` ``/dev/shm`` beside it, which bwrap binds),
    and writes :data:`_MOUNTED` to stdout: the service then opens the directory through
-   ``/proc/<pid>/root``, which keeps the tmpfs reachable after the run;
+   ``/proc/<pid>/root``, which keeps the tmpfs reachable after the run; and sets the run's
+   RLIMIT_NPROC there, where the kernel counts the tasks of this namespace alone;
 5. blocks reading its command line from fd 3, and execs it (bwrap) with fd 4 its seccomp
    program (and fd 5, for a warm agent, the pipe its run will come through: ``_agent.py``).
    EOF without the release marker means the run was cancelled, or the service died: it exits
@@ -162,6 +163,12 @@ def main() -> None:
     if spec["workdir"] is not None:
         path, size, inodes = spec["workdir"]
         _mount_workdir(path, size, inodes, spec["shm"])
+        if spec["nproc"] is not None:
+            # Set here, not with the rlimits above: Linux 5.14 and later check a task's
+            # RLIMIT_NPROC against its uid's tasks in its own user namespace and those nested in
+            # it (bwrap's), so this bounds this run alone; before the namespace it would bound
+            # every task of the uid, the user's other processes and every other run included.
+            resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))
     os.closerange(_KEPT_FDS, os.sysconf("SC_OPEN_MAX"))
     os.chdir(spec["cwd"])
     chunks = []

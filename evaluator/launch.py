@@ -61,6 +61,8 @@ class LaunchSpec:
             :meth:`.JailedProcess.mounted` then says when it is there.
         shm: ``(path, bytes, inodes)``: with ``workdir``, a ``noexec`` tmpfs it mounts there
             too, which bwrap binds as ``/dev/shm``.
+        nproc: With ``workdir``, the RLIMIT_NPROC it sets in its user namespace (see
+            :func:`.limits.kernel_counts_nproc_per_namespace`).
         idle: Once in its cgroups, it moves itself (and so all it starts) to ``SCHED_IDLE``
             (see :mod:`.run_cgroup`).
         launcher: The launcher's file: its source, or the same compiled
@@ -75,6 +77,7 @@ class LaunchSpec:
     env: Mapping[str, str] | None = None
     workdir: tuple[str, int, int] | None = None
     shm: tuple[str, int, int] | None = None
+    nproc: int | None = None
     idle: bool = False
     launcher: str = LAUNCHER
 
@@ -90,6 +93,7 @@ class LaunchSpec:
             "env": dict(self.env or {}),
             "workdir": list(self.workdir) if self.workdir else None,
             "shm": list(self.shm) if self.shm else None,
+            "nproc": self.nproc,
             "idle": self.idle,
         }
         # -I -S: none of the environment, no site-packages, so nothing of the service loads.

@@ -6,30 +6,29 @@ mounts, seccomp); the service logs the result and reports it through ``limits_in
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
+import re
 import resource
-import time
-from pathlib import Path
 
 from .cgroups import Cgroups
 from .config import EvaluatorConfig, MiB
 from .models import Limit
 from .users import RunUsers
 
-__all__ = ["ADDRESS_SPACE_HEADROOM", "SharedNproc", "describe", "rlimits", "session_bytes"]
+__all__ = [
+    "ADDRESS_SPACE_HEADROOM",
+    "describe",
+    "kernel_counts_nproc_per_namespace",
+    "rlimits",
+    "session_bytes",
+]
 
 #: Headroom of the address-space rlimit over the memory limit, used only without a memory cgroup:
 #: libraries reserve far more virtual memory than they use (OpenBLAS fails under 256 MiB).
 ADDRESS_SPACE_HEADROOM = 512 * MiB
-#: Tasks an idle sandbox holds (bubblewrap's two, the interpreter's three threads: measured 4-5),
-#: with room for one retiring beside it: counted in the shared RLIMIT_NPROC below.
-IDLE_SANDBOX_TASKS = 8
-#: Seconds a count of the tasks of the runs' shared uid is used for (see :class:`SharedNproc`).
-_RECOUNT_AFTER = 1.0
-#: Ancestors looked through to tell a sandbox's task from another's (bwrap nests a few).
-_MOST_DEPTH = 16
+#: The first kernel that counts RLIMIT_NPROC per user namespace (``kernel/ucount.c``): a limit
+#: set inside a namespace then bounds the tasks in it (and in those nested in it) alone.
+NPROC_PER_NAMESPACE = (5, 14)
 
 
 def session_bytes(config: EvaluatorConfig, cgroups: Cgroups) -> int:
@@ -51,15 +50,17 @@ def session_bytes(config: EvaluatorConfig, cgroups: Cgroups) -> int:
 
 
 def rlimits(
-    config: EvaluatorConfig, cgroups: Cgroups, *, mounted: bool, own_uid: bool
+    config: EvaluatorConfig, cgroups: Cgroups, *, mounted: bool, own_uid: bool, own_namespace: bool
 ) -> tuple[list[tuple[int, int]], int | None]:
     """The ``(resource, limit)`` pairs of every run, and its RLIMIT_NPROC, if any: among the
     pairs when each run has a uid of its own; else (runs sharing the service's uid, no pids
-    cgroup) not among them, and the room it leaves over the uid's tasks (:class:`SharedNproc`).
+    cgroup) not among them: set by the launcher in its own user namespace (see
+    :func:`kernel_counts_nproc_per_namespace`), where it bounds the run alone.
 
     Args:
         mounted: Whether each working directory is a size-bounded tmpfs.
         own_uid: Whether each run has a host uid of its own (see :mod:`.users`).
+        own_namespace: Whether each run's launcher enters a user namespace of its own.
     """
     pairs = [(resource.RLIMIT_CORE, 0)]
     nproc = None
@@ -70,20 +71,22 @@ def rlimits(
         # (and threads), as in the pids cgroup.
         nproc = config.pids_limit
         pairs.append((resource.RLIMIT_NPROC, nproc))
-    elif cgroups.pids is None:
-        # One count for every task (process or thread) of the uid: the service's, every
-        # sandbox's, and those of anything else running as that uid, other containers of the same
-        # image included (the kernel counts per user, not per container). No bound per run can be
-        # had from it, only one for all: room for every slot's run at its limit and for the
-        # sandboxes kept between runs (ready ones, live sessions), over the uid's tasks outside
-        # this service's sandboxes when each sandbox is made (see :class:`SharedNproc`), not at
-        # start: the user's other processes come and go, and a count taken once would soon
-        # refuse every new sandbox.
-        idle = (config.concurrency if config.prewarm else 0) + config.session_limit
-        nproc = config.concurrency * config.pids_limit + idle * IDLE_SANDBOX_TASKS
+    elif cgroups.pids is None and own_namespace and kernel_counts_nproc_per_namespace():
+        # Set before the namespace, it would count every task of the uid (the user's own, every
+        # sandbox's, other containers of the same image): one bound for all runs, which the
+        # user's other processes or one run's fork bomb could use up for the others.
+        nproc = config.pids_limit
     if not mounted:
         pairs.append((resource.RLIMIT_FSIZE, config.workdir_size * MiB))
     return pairs, nproc
+
+
+def kernel_counts_nproc_per_namespace(release: str | None = None) -> bool:
+    """Whether this kernel (or ``release``) checks RLIMIT_NPROC against a uid's tasks in each
+    user namespace: then a launcher that sets it in a namespace of its own bounds its run's
+    tasks (those of bubblewrap's namespace nested in it included), not all of the uid's."""
+    numbers = re.match(r"(\d+)\.(\d+)", release or os.uname().release)
+    return numbers is not None and (int(numbers[1]), int(numbers[2])) >= NPROC_PER_NAMESPACE
 
 
 def describe(
@@ -100,7 +103,7 @@ def describe(
 
     Args:
         mounted: Whether each working directory is a size-bounded tmpfs.
-        nproc: The RLIMIT_NPROC of every run, if any.
+        nproc: The RLIMIT_NPROC of every run, if any (of its own uid or of its own namespace).
         users: The host users of the runs.
         seccomp_reason: Why there is no seccomp filter; ``None`` when there is one.
         home: The working directory inside the sandbox.
@@ -112,7 +115,7 @@ def describe(
         f"{(config.memory_limit * MiB + ADDRESS_SPACE_HEADROOM) // MiB} MiB "
         "(code gets MemoryError, not 137; tmpfs and /dev/shm are not counted)"
     )
-    per_run = cgroups.pids is not None or (nproc is not None and users.dropping)
+    per_run = cgroups.pids is not None or nproc is not None
     pids = _processes(cgroups.pids, nproc, users)
     cpu = cgroups.cpu
     return (
@@ -166,79 +169,19 @@ def describe(
 
 
 def _processes(cgroup: str | None, nproc: int | None, users: RunUsers) -> str:
-    """How a run's processes are bounded: its pids cgroup, its uid's RLIMIT_NPROC, or neither."""
+    """How a run's processes are bounded: its pids cgroup, an RLIMIT_NPROC, or neither."""
+    own = "the run's own uid" if users.dropping else "the run's own user namespace"
     if cgroup is None:
-        if nproc is None:
+        if nproc is not None:
+            return f"no pids cgroup; RLIMIT_NPROC {nproc} of {own}"
+        if os.getuid() == 0:
             return "no pids cgroup, and RLIMIT_NPROC does not apply to root"
-        if users.dropping:
-            return f"no pids cgroup; RLIMIT_NPROC {nproc} of the run's own uid"
         return (
-            f"not per run: no pids cgroup, and every run has uid {os.getuid()}, whose "
-            f"RLIMIT_NPROC bounds all runs together at {nproc} over that uid's tasks outside "
-            "the sandboxes (it counts every process and thread of that uid, in any container)"
+            f"not bounded per run: no pids cgroup, and every run has uid {os.getuid()}, whose "
+            "RLIMIT_NPROC counts all of that user's processes together (one per run needs its "
+            "launcher in a user namespace of its own, on Linux "
+            f"{'.'.join(map(str, NPROC_PER_NAMESPACE))} or later: this is {os.uname().release})"
         )
-    if nproc is not None and users.dropping:
-        return cgroup + f" and RLIMIT_NPROC {nproc} of the run's own uid"
+    if nproc is not None:
+        return cgroup + f" and RLIMIT_NPROC {nproc} of {own}"
     return cgroup
-
-
-class SharedNproc:
-    """The RLIMIT_NPROC of sandboxes whose runs share the service's uid (no pids cgroup).
-
-    The kernel counts every task of the uid, the user's own and every sandbox's, against the
-    limit the launcher holds when it enters its user namespace: one bound for all runs together.
-    Each sandbox gets ``room`` (for this service's runs and kept sandboxes, together) over the
-    uid's other tasks (the user's, other services'), counted when it is made (at most once a
-    second: a count reads all of ``/proc``), within the service's own hard limit. One made
-    ahead is :meth:`spent` once the uid's tasks, all counted, leave it less than ``need``
-    (enough to start), and is made again: the user's other processes come and go.
-    """
-
-    def __init__(self, room: int, need: int, uid: int) -> None:
-        self.room = room
-        self.need = need
-        self._uid = uid
-        self._counted = (-math.inf, 0, 0)
-        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-        self._hard = None if hard == resource.RLIM_INFINITY else hard
-
-    def limit(self) -> int:
-        """The limit of a sandbox made now."""
-        others, _ = self._count()
-        limit = others + self.room
-        return limit if self._hard is None else min(limit, self._hard)
-
-    def spent(self, limit: int) -> bool:
-        """Whether a sandbox made with ``limit`` lacks room to start now."""
-        _, total = self._count()
-        return limit - total < self.need
-
-    def _count(self) -> tuple[int, int]:
-        now = time.monotonic()
-        if now - self._counted[0] >= _RECOUNT_AFTER:
-            self._counted = (now, *_tasks_of(self._uid))
-        return self._counted[1], self._counted[2]
-
-
-def _tasks_of(uid: int) -> tuple[int, int]:
-    """Processes and threads of ``uid`` in sight (RLIMIT_NPROC counts both): those not in this
-    service's sandboxes (its descendants in other user namespaces), and all of them."""
-    me, own = os.getpid(), os.readlink("/proc/self/ns/user")
-    tasks: dict[int, tuple[int, int, bool]] = {}  # pid: (parent, tasks, in a sandbox's namespace)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                if entry.stat().st_uid == uid:
-                    stat = (entry / "stat").read_text()
-                    parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-                    inside = os.readlink(entry / "ns" / "user") != own
-                    tasks[int(entry.name)] = (parent, len(os.listdir(entry / "task")), inside)
-    total = sum(count for _, count, _ in tasks.values())
-    ours = 0
-    for parent, count, inside in tasks.values():
-        for _ in range(_MOST_DEPTH):  # a pid reused during the scan cannot make it loop
-            if not inside or parent == me or parent not in tasks:
-                break
-            parent = tasks[parent][0]
-        ours += count if inside and parent == me else 0
-    return total - ours, total

@@ -80,7 +80,6 @@ class SandboxPool:
         Raises:
             OSError: a new sandbox could not be made.
         """
-        self._drop_spent()
         return self._ready.pop() if self._ready else self.prepare(session=session)
 
     async def ready(self, sandbox: Sandbox) -> bool:
@@ -130,7 +129,6 @@ class SandboxPool:
         :data:`_REFILL_DURING` seconds into the run."""
         if self._full is None:
             return None
-        self._drop_spent()
         if not self._full.waiting:
             self._full.demand.missed()
         tier = next((t for t in (self._full, self._started) if t and t.waiting), None)
@@ -141,17 +139,6 @@ class SandboxPool:
         self.warm_taken += 1
         asyncio.get_running_loop().call_later(_REFILL_DURING, self.refill)
         return tier.waiting.pop()
-
-    def _drop_spent(self) -> None:
-        """Retire the sandboxes made ahead that lack room to start under their RLIMIT_NPROC
-        now (the uid their runs share runs more than when they were made: see
-        :class:`.limits.SharedNproc`); their places are made again."""
-        tiers = (t for t in (self._full, self._started) if t is not None)
-        for waiting in (self._ready, *(tier.waiting for tier in tiers)):
-            for sandbox in [s for s in waiting if self._maker.spent(s)]:
-                log.info("a sandbox made ahead has too little RLIMIT_NPROC left: made again")
-                waiting.remove(sandbox)
-                self.retire(sandbox)
 
     def start_warming(
         self,

@@ -11,7 +11,6 @@ import asyncio
 import functools
 import logging
 import os
-import resource
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +18,6 @@ from . import seccomp
 from .cgroups import Cgroups, RunCgroup
 from .host import home_environment
 from .jail import JailedProcess, LaunchSpec
-from .limits import SharedNproc
 from .procfs import await_orphans
 from .users import RunUsers
 from .workdir import SHM_INODES, Workdir, WorkdirRoot
@@ -38,8 +36,6 @@ class Sandbox:
     process: JailedProcess
     user: tuple[int, int] | None
     warm: bool = False
-    #: Its RLIMIT_NPROC, where it was counted when made (:class:`.limits.SharedNproc`).
-    nproc: int | None = None
 
 
 # Seconds a disposal waits for a killed sandbox's init to die (see procfs.await_orphans).
@@ -60,8 +56,8 @@ class SandboxMaker:
         shm_size: Bytes of each run's ``noexec`` ``/dev/shm``, made with its working directory
             (see :attr:`.workdir.Workdir.shm`); ``None``: none (unsandboxed runs).
         rlimits: ``(resource, limit)`` pairs set in every run's process.
-        nproc: The RLIMIT_NPROC of runs sharing the service's uid, counted for each sandbox
-            made (:class:`.limits.SharedNproc`); ``None``: among ``rlimits``, or none.
+        nproc: The RLIMIT_NPROC of runs sharing the service's uid, which their launchers set
+            in their own user namespaces; ``None``: among ``rlimits``, or none.
         seccomp_program: The compiled seccomp filter, or ``None`` for none.
         host_env: ``None`` for runs in bwrap (which sets the environment); else the environment
             of unsandboxed runs, whose home and temporary directories are then set to the
@@ -81,7 +77,7 @@ class SandboxMaker:
         workdir_inodes: int,
         shm_size: int | None,
         rlimits: Sequence[tuple[int, int]],
-        nproc: SharedNproc | None,
+        nproc: int | None,
         seccomp_program: bytes | None,
         host_env: Mapping[str, str] | None,
         on_dispose: Callable[[Sandbox], None] | None,
@@ -116,7 +112,6 @@ class SandboxMaker:
             OSError: any part could not be made (what was made is removed again).
         """
         user = self._users.take()
-        nproc = self._nproc.limit() if self._nproc is not None else None
         cgroup = None
         try:
             workdir = Workdir.create(
@@ -133,9 +128,7 @@ class SandboxMaker:
             cgroup = self.cgroups.create(background=warm)
             spec = LaunchSpec(
                 cgroup_procs=cgroup.procs_files if cgroup is not None else (),
-                rlimits=self._rlimits
-                if nproc is None
-                else (*self._rlimits, (resource.RLIMIT_NPROC, nproc)),
+                rlimits=self._rlimits,
                 user=user,
                 covers=self._covers,
                 cwd="/" if self._host_env is None else str(workdir.path),
@@ -146,6 +139,7 @@ class SandboxMaker:
                 shm=(str(workdir.shm), self._shm_size, SHM_INODES)
                 if workdir.launcher_mount and workdir.shm is not None and self._shm_size
                 else None,
+                nproc=self._nproc if workdir.launcher_mount else None,
                 idle=cgroup is not None and cgroup.starts_idle,
                 launcher=self._launcher,
             )
@@ -164,16 +158,7 @@ class SandboxMaker:
             workdir.remove()
             self._users.give_back(user)
             raise
-        return Sandbox(workdir, cgroup, process, user, warm, nproc)
-
-    def spent(self, sandbox: Sandbox) -> bool:
-        """Whether ``sandbox``, made ahead, lacks room to start under its RLIMIT_NPROC now
-        (the tasks of the uid its runs share grew since: see :class:`.limits.SharedNproc`)."""
-        return (
-            self._nproc is not None
-            and sandbox.nproc is not None
-            and self._nproc.spent(sandbox.nproc)
-        )
+        return Sandbox(workdir, cgroup, process, user, warm)
 
     async def make_in_thread(self, *, warm: bool = False, session: bool = False) -> Sandbox:
         """:meth:`make` in a worker thread: milliseconds of system calls (directories, mounts,

@@ -215,7 +215,7 @@ class Evaluator:
 
     def _make_pool(self) -> SandboxPool:
         """The pool, the live sessions and the dispatcher, made with what start found."""
-        # Every user of the cap (the shared RLIMIT_NPROC, the live sessions) sees the derived one.
+        # The live sessions see the derived cap.
         config = self.config.model_copy(update={"max_sessions": self.session_limit})
         root, commands = self._root, self._commands
         assert root is not None and commands is not None

@@ -201,9 +201,15 @@ def make_pool(
     on_dispose: Callable[[Sandbox], None],
 ) -> tuple[SandboxPool, int | None]:
     """The pool of sandboxes, with the limits ``config`` gives them here (their launcher
-    placed in ``root``, see :func:`place_launcher`), and the shared RLIMIT_NPROC (``None``:
-    none) the runs get."""
-    rlimits, nproc = limits.rlimits(config, cgroups, mounted=root.bounded, own_uid=users.dropping)
+    placed in ``root``, see :func:`place_launcher`), and the RLIMIT_NPROC (``None``: none) each
+    run gets."""
+    rlimits, nproc = limits.rlimits(
+        config,
+        cgroups,
+        mounted=root.bounded,
+        own_uid=users.dropping,
+        own_namespace=root.launchers_mount,
+    )
     maker = SandboxMaker(
         root,
         cgroups,
@@ -213,9 +219,7 @@ def make_pool(
         workdir_inodes=config.workdir_inodes,
         shm_size=None if config.unsandboxed else config.shm_size * MiB,
         rlimits=rlimits,
-        nproc=None
-        if nproc is None or users.dropping
-        else limits.SharedNproc(nproc, limits.IDLE_SANDBOX_TASKS, os.getuid()),
+        nproc=None if users.dropping else nproc,
         seccomp_program=seccomp_program,
         host_env=environment(config) if config.unsandboxed else None,
         on_dispose=on_dispose,

@@ -13,7 +13,6 @@ import base64
 import itertools
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -46,8 +45,9 @@ pytestmark = [
     pytest.mark.skipif(
         os.geteuid() != 0, reason="already unprivileged: the rest of the suite tests this path"
     ),
-    # Its evaluators run as nobody, whose processes count against one RLIMIT_NPROC budget:
-    # under pytest-xdist (--dist loadgroup), the modules that run code as nobody share a worker.
+    # Its evaluators run as nobody, whose processes the kernel counts together outside the
+    # runs' own namespaces: under pytest-xdist (--dist loadgroup), the modules that run code as
+    # nobody share a worker.
     pytest.mark.xdist_group("uid-nobody"),
 ]
 
@@ -169,7 +169,7 @@ def test_limits_fall_back_to_rlimits_and_say_so(service: tuple[str, object]) -> 
     url, _ = service
     memory = run(url, "x = bytearray(1024 * 1024 * 1024)")
     assert memory["returncode"] == 1 and "MemoryError" in str(memory["stdout"])
-    # One RLIMIT_NPROC for all runs of the uid (a few hundred here): the children stay zombies.
+    # RLIMIT_NPROC 64 in the run's own user namespace: the children stay zombies.
     forks = run(url, "import os\nfor _ in range(5000):\n    os.fork() or os._exit(0)\nprint('?')")
     assert forks["returncode"] == 1 and "BlockingIOError" in str(forks["stdout"])
     started = time.monotonic()
@@ -246,9 +246,9 @@ def test_an_ordinary_users_sandboxes_made_ahead_load_the_prelude(
 
 
 def test_every_live_session_starts_on_a_shared_uid(venv: Path) -> None:
-    """Every run has the service's uid, so one RLIMIT_NPROC counts them all: it leaves room for
-    the sandboxes the service keeps (ready ones, a full house of live sessions) besides the runs,
-    so that a session's interpreter can start and a one-shot run fork however many are open."""
+    """Every run has the service's uid, which the kernel counts all together outside the runs'
+    own user namespaces: the sandboxes the service keeps (ready ones, a full house of live
+    sessions) leave a session's interpreter room to start and a one-shot run room to fork."""
     sessions = 16  # 5 tasks each (bubblewrap's two, three threads): 80, over a single run's 64
     flags = ("--max-sessions", str(sessions))
     with (
@@ -267,12 +267,11 @@ def test_every_live_session_starts_on_a_shared_uid(venv: Path) -> None:
 
 
 def test_runs_start_after_the_users_other_processes_grew(venv: Path) -> None:
-    """The shared RLIMIT_NPROC leaves its room over what the uid runs outside the sandboxes
-    when each sandbox is made, not when the service started, and a sandbox made ahead that the
-    count outgrew is made again: a user whose other processes grew since (a browser, a build)
-    still gets runs. A count taken once refused every new sandbox then ("bwrap: Creating new
-    namespace failed: Resource temporarily unavailable"), the ready one made ahead too."""
-    # Room: 1 run of 64, 8 for each of the ready sandbox and 2 sessions: 88.
+    """Each run's RLIMIT_NPROC counts the tasks of its own user namespace, not every task of the
+    uid: a user whose other processes grew since the service started (a browser, a build) still
+    gets runs. A limit of the uid's tasks at start plus room refused every new sandbox then
+    ("bwrap: Creating new namespace failed: Resource temporarily unavailable"), the ready one
+    made ahead too."""
     flags = ("--concurrency", "1", "--max-sessions", "2", "--warm-sandboxes", "0")
     grow = (  # 150 more tasks of the uid until its stdin closes, then reaped (no zombie stays)
         "import os, signal, sys, time\n"
@@ -297,7 +296,6 @@ def test_runs_start_after_the_users_other_processes_grew(venv: Path) -> None:
         )  # fmt: skip
         try:
             assert others.stdout is not None and others.stdout.readline() == "grown\n"
-            time.sleep(limits._RECOUNT_AFTER + 0.5)  # the service counts at most once a second
             for code in ("print(1)", "print(2)"):  # the ready sandbox, then one made now
                 answer = run(url, code)
                 assert (answer["stdout"], answer["returncode"]) == (code[6] + "\n", 0), answer
@@ -313,6 +311,59 @@ def test_runs_start_after_the_users_other_processes_grew(venv: Path) -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(others.pid, signal.SIGKILL)
                 raise
+
+
+def test_a_run_holding_all_the_processes_it_may_leaves_other_runs_theirs(
+    service: tuple[str, object],
+) -> None:
+    """Runs share nobody's uid, but each one's RLIMIT_NPROC is set in its own user namespace,
+    where the kernel counts that run's tasks alone: a session that forks until refused, and
+    keeps its children, leaves a one-shot run beside it its own 64 (with one RLIMIT_NPROC for
+    the uid, the session took what every run shared, and the next could not start)."""
+    hog = (
+        "import os\n"
+        "r, w = os.pipe()\n"
+        "held = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            os.close(w); os.read(r, 1); os._exit(0)\n"
+        "        held += 1\n"
+        "except BlockingIOError:\n"
+        "    print('held', held)\n"
+    )
+    url, _ = service
+    try:
+        took = run(url, hog, session="hog")
+        assert took["returncode"] == 0, took
+        held = int(str(took["stdout"]).split()[1])
+        assert 40 < held < 64, took  # its 64, less the sandbox's own tasks
+        forks = "import os\nfor _ in range(40):\n    os.fork() or os._exit(0)\nprint('forked')"
+        for _ in range(2):
+            answer = run(url, forks)
+            assert (answer["stdout"], answer["returncode"]) == ("forked\n", 0), answer
+        tasks = "print(held, sum(p.isdigit() for p in os.listdir('/proc')))"
+        still = str(run(url, tasks, session="hog")["stdout"]).split()
+        assert still[0] == str(held) and int(still[1]) > held, still  # its children live on
+    finally:
+        httpx.delete(f"{url}/sessions/hog", timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("release", "counts"),
+    [
+        ("4.19.0-26-amd64", False),
+        ("5.10.0-28-amd64", False),
+        ("5.13.19", False),
+        ("5.14.0-362.el9.x86_64", True),
+        ("6.18.44-fc-v1272", True),
+        ("unknown", False),
+    ],
+)
+def test_a_runs_own_nproc_needs_a_kernel_that_counts_it_per_namespace(
+    release: str, counts: bool
+) -> None:
+    assert limits.kernel_counts_nproc_per_namespace(release) is counts
 
 
 def test_shared_isolation_checks_hold_for_an_ordinary_user(
@@ -627,9 +678,6 @@ def test_startup_log_tells_which_limits_hold(
     process.terminate()
     log = process.communicate(timeout=30)[0]
     assert "no memory cgroup; address-space rlimit" in log
-    assert re.search(
-        f"64 asked, not per run: no pids cgroup, and every run has uid {NOBODY}, "
-        r"whose RLIMIT_NPROC bounds all runs together at \d+ over that uid.s tasks outside",
-        log,
-    ), log
+    own = "limit processes: 64: no pids cgroup; RLIMIT_NPROC 64 of the run's own user namespace"
+    assert own in log
     assert "limit working directory: 48 MiB tmpfs" in log
