@@ -15,7 +15,12 @@ import httpx
 import pytest
 
 import plotting
-from tests.support import memory_is_a_cgroup, sandbox_home
+from tests.support import (
+    NO_PROCESS_BOUND,
+    memory_is_a_cgroup,
+    processes_bounded_per_run,
+    sandbox_home,
+)
 
 from . import isolation
 from .conftest import KILL_LIMIT, TIME_LIMIT, b64, run
@@ -104,11 +109,7 @@ async def test_the_answer_says_which_limit_ended_the_run(
     assert (result["returncode"], result["ended_by"]) == (returncode, ended_by)
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 and not memory_is_a_cgroup(),
-    reason="an ordinary user without a delegated cgroup v2 bounds processes for all runs "
-    "together (RLIMIT_NPROC, said in /readyz), not per run: test_unprivileged.py tests that",
-)
+@pytest.mark.skipif(not processes_bounded_per_run(), reason=NO_PROCESS_BOUND)
 async def test_fork_bomb_stops_at_the_pids_limit(client: httpx.AsyncClient) -> None:
     code = (
         "import os, time\n"

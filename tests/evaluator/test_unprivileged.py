@@ -558,6 +558,7 @@ def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -
     assert body["status"] == "ready"
     weaker = {item["limit"]: item["how"] for item in body["not_enforced"]}
     assert "user" in weaker and "working directory" not in weaker, body
+    assert "processes" not in weaker and "64 processes and threads" in description, body
 
 
 async def _tool_description(url: str) -> str:

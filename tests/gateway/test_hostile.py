@@ -39,7 +39,14 @@ from tests.gateway.harness import (
     open_fds,
     wait_for,
 )
-from tests.support import assert_all_enforced_as_root, connect, memory_is_a_cgroup, text_of
+from tests.support import (
+    NO_PROCESS_BOUND,
+    assert_all_enforced_as_root,
+    connect,
+    memory_is_a_cgroup,
+    processes_bounded_per_run,
+    text_of,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -703,11 +710,7 @@ CASES: list[Any] = [
         run(FORK_COUNT),
         Result("ok", 0, check=_few_forks),
         id="fork-bomb-stops-at-pids-limit",
-        marks=pytest.mark.skipif(
-            os.geteuid() != 0 and not memory_is_a_cgroup(),
-            reason="an ordinary user without a delegated cgroup v2 bounds processes for all runs "
-            "together (RLIMIT_NPROC, said in /readyz), not per run: test_unprivileged.py tests it",
-        ),
+        marks=pytest.mark.skipif(not processes_bounded_per_run(), reason=NO_PROCESS_BOUND),
     ),
     pytest.param(
         run(FORK_SPIN),
