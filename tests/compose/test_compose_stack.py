@@ -170,10 +170,11 @@ async def test_a_session_keeps_its_interpreter_on_one_replica() -> None:
 
 @pytest.mark.anyio
 async def test_runs_fork_while_every_replica_holds_its_sessions() -> None:
-    """Every run of every replica has uid 10001, and the kernel counts RLIMIT_NPROC per uid, not
-    per container: the replicas' ready sandboxes and live sessions (about 25 tasks each) share
-    one count, which must leave a run room to fork (a budget of 64 over the service's own
-    processes did not: calls failed to start an interpreter, "Resource temporarily unavailable")."""
+    """Every run of every replica has uid 10001, and the kernel counts a uid's tasks across
+    containers: an RLIMIT_NPROC of the uid would be shared by the replicas' ready sandboxes and
+    live sessions (a budget of 64 over the service's own processes once made calls fail to start
+    an interpreter, "Resource temporarily unavailable"). Each run's is set in its launcher's own
+    user namespace, where the kernel counts that run's tasks alone: a run forks its 40."""
     if STACK != "builtin":
         pytest.skip(
             "the built-in evaluator's uid 10001 (Snekbox's pids cgroup: test_compose_snekbox)"
