@@ -81,12 +81,21 @@ class _Libc:
         )
 
 
-def _mount_workdir(path: str, size: int, inodes: int, shm: list[object] | None) -> None:
+def _mount_workdir(
+    path: str, size: int, inodes: int, shm: list[object] | None, nproc: int | None
+) -> None:
     """Mount the run's tmpfs on ``path`` in a user and mount namespace of this process's own,
-    and ``shm`` (``[path, bytes, inodes]``), the one bwrap binds as ``/dev/shm``."""
+    and ``shm`` (``[path, bytes, inodes]``), the one bwrap binds as ``/dev/shm``; set ``nproc``
+    there as the run's RLIMIT_NPROC."""
     libc = _Libc()
     uid, gid = os.getuid(), os.getgid()
     libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
+    if nproc is not None:
+        # Set here, not with the rlimits before: Linux 5.14 and later check a task's
+        # RLIMIT_NPROC against its uid's tasks in its own user namespace and those nested in it
+        # (bwrap's), so this bounds this run alone; set before the namespace it would bound
+        # every task of the uid, the user's other processes and every other run included.
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     for name, line in (
         ("setgroups", "deny"),
         ("uid_map", f"{uid} {uid} 1"),
@@ -162,13 +171,7 @@ def main() -> None:
             raise PermissionError("the sandbox user could not be assumed")
     if spec["workdir"] is not None:
         path, size, inodes = spec["workdir"]
-        _mount_workdir(path, size, inodes, spec["shm"])
-        if spec["nproc"] is not None:
-            # Set here, not with the rlimits above: Linux 5.14 and later check a task's
-            # RLIMIT_NPROC against its uid's tasks in its own user namespace and those nested in
-            # it (bwrap's), so this bounds this run alone; before the namespace it would bound
-            # every task of the uid, the user's other processes and every other run included.
-            resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))
+        _mount_workdir(path, size, inodes, spec["shm"], spec["nproc"])
     os.closerange(_KEPT_FDS, os.sysconf("SC_OPEN_MAX"))
     os.chdir(spec["cwd"])
     chunks = []

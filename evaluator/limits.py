@@ -74,8 +74,11 @@ def rlimits(
     elif cgroups.pids is None and own_namespace and kernel_counts_nproc_per_namespace():
         # Set before the namespace, it would count every task of the uid (the user's own, every
         # sandbox's, other containers of the same image): one bound for all runs, which the
-        # user's other processes or one run's fork bomb could use up for the others.
-        nproc = config.pids_limit
+        # user's other processes or one run's fork bomb could use up for the others. Within the
+        # service's hard limit, which only a capability of the host's namespace may raise.
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        unlimited = hard == resource.RLIM_INFINITY
+        nproc = config.pids_limit if unlimited else min(config.pids_limit, hard)
     if not mounted:
         pairs.append((resource.RLIMIT_FSIZE, config.workdir_size * MiB))
     return pairs, nproc

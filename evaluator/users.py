@@ -14,7 +14,8 @@ that cannot be listed).
 
 A service started by an ordinary user cannot change uid: every run keeps that user's uid, and
 the per-user quotas are shared (the seccomp filter then refuses inotify, the one a run could
-exhaust at no cost; see :mod:`.seccomp`).
+exhaust at no cost; see :mod:`.seccomp`), but for RLIMIT_NPROC, which each run's launcher sets in
+a user namespace of its own, where the kernel counts that run's tasks alone (see :mod:`.limits`).
 
 The sandbox user must reach the interpreter through the host's directories: those it may not
 traverse (``/root`` is 0700, and pyenv, uv and venvs often live below it) are covered, in each

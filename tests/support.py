@@ -33,7 +33,6 @@ from mcp.types import CallToolResult
 
 from evaluator.cgroups import _cgroup_mounts, _own_v2_cgroup
 from evaluator.host import interpreter_paths, working_directory
-from evaluator.limits import kernel_counts_nproc_per_namespace
 from serving import guarded_protocol
 
 #: The time limit of evaluators shared by many tests: far above what any call of the suite needs
@@ -280,24 +279,6 @@ def memory_is_a_cgroup() -> bool:
         mounts = _cgroup_mounts()
         return "memory" in mounts or "cgroup2" in mounts
     return "memory" in offered_v2_controllers().split()
-
-
-def processes_bounded_per_run() -> bool:
-    """Whether each run's processes are bounded here: as root (a pids cgroup, a uid of its
-    own), by a delegated pids controller, or by the RLIMIT_NPROC an ordinary user's runs get in
-    their own user namespaces (Linux 5.14 and later: see :mod:`evaluator.limits`)."""
-    return (
-        os.geteuid() == 0
-        or "pids" in offered_v2_controllers().split()
-        or kernel_counts_nproc_per_namespace()
-    )
-
-
-#: Why a fork bomb's test is skipped where :func:`processes_bounded_per_run` is false.
-NO_PROCESS_BOUND = (
-    "an ordinary user on a kernel before 5.14 without a delegated pids controller: processes "
-    "are not bounded per run here (said in /readyz)"
-)
 
 
 def offered_v2_controllers() -> str:

@@ -77,12 +77,17 @@ def venv() -> Iterator[Path]:
 
 @contextmanager
 def nobody_evaluator(
-    venv: Path, time_limit: float, tmpdir: str = "/tmp", flags: tuple[str, ...] = ()
+    venv: Path,
+    time_limit: float,
+    tmpdir: str = "/tmp",
+    flags: tuple[str, ...] = (),
+    prefix: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """``python -m evaluator`` as nobody, its private directory in ``tmpdir``; yields its URL."""
+    """``python -m evaluator`` as nobody, its private directory in ``tmpdir``, its command line
+    after ``prefix`` (``prlimit``, say); yields its URL."""
     port = closed_port()
     command: list[str | Path] = [
-        "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+        *prefix, "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
         venv / "bin" / "python", "-m", "evaluator", "--port", str(port),
         "--time-limit", str(time_limit), *flags,
     ]  # fmt: skip
@@ -169,9 +174,6 @@ def test_limits_fall_back_to_rlimits_and_say_so(service: tuple[str, object]) -> 
     url, _ = service
     memory = run(url, "x = bytearray(1024 * 1024 * 1024)")
     assert memory["returncode"] == 1 and "MemoryError" in str(memory["stdout"])
-    # RLIMIT_NPROC 64 in the run's own user namespace: the children stay zombies.
-    forks = run(url, "import os\nfor _ in range(5000):\n    os.fork() or os._exit(0)\nprint('?')")
-    assert forks["returncode"] == 1 and "BlockingIOError" in str(forks["stdout"])
     started = time.monotonic()
     spin = run(url, "while True: pass", time_limit=2)
     assert (spin["returncode"], spin["ended_by"]) == (137, "time_limit")
@@ -313,6 +315,11 @@ def test_runs_start_after_the_users_other_processes_grew(venv: Path) -> None:
                 raise
 
 
+@pytest.mark.skipif(
+    not limits.kernel_counts_nproc_per_namespace(),
+    reason=f"Linux {os.uname().release} counts RLIMIT_NPROC per user, not per user namespace: "
+    "no bound per run for runs sharing a uid (the readiness test checks /readyz says so)",
+)
 def test_a_run_holding_all_the_processes_it_may_leaves_other_runs_theirs(
     service: tuple[str, object],
 ) -> None:
@@ -333,6 +340,9 @@ def test_a_run_holding_all_the_processes_it_may_leaves_other_runs_theirs(
         "    print('held', held)\n"
     )
     url, _ = service
+    # Its limit holds: the children stay zombies, and the 65th fork is refused.
+    zombies = run(url, "import os\nfor _ in range(5000):\n    os.fork() or os._exit(0)\nprint('?')")
+    assert zombies["returncode"] == 1 and "BlockingIOError" in str(zombies["stdout"]), zombies
     try:
         took = run(url, hog, session="hog")
         assert took["returncode"] == 0, took
@@ -347,6 +357,26 @@ def test_a_run_holding_all_the_processes_it_may_leaves_other_runs_theirs(
         assert still[0] == str(held) and int(still[1]) > held, still  # its children live on
     finally:
         httpx.delete(f"{url}/sessions/hog", timeout=30)
+
+
+@pytest.mark.skipif(
+    not limits.kernel_counts_nproc_per_namespace(),
+    reason=f"Linux {os.uname().release}: no RLIMIT_NPROC per run for runs sharing a uid",
+)
+def test_a_runs_nproc_stays_within_the_users_hard_limit(venv: Path) -> None:
+    """A launcher may lower its hard RLIMIT_NPROC, never raise it (that takes a capability of
+    the host's namespace): a user whose hard limit is below the processes asked per run gets
+    that, said so, and keeps its tmpfs (asking for more failed every launcher, and the service
+    went on without either bound, saying its tmpfs could not be mounted)."""
+    prefix = ("prlimit", "--nproc=200:200", "--")
+    with nobody_evaluator(venv, 30, flags=("--pids-limit", "300"), prefix=prefix) as (url, process):
+        answer = run(url, "print(1)")
+        assert (answer["stdout"], answer["returncode"]) == ("1\n", 0), answer
+        process.terminate()
+        log = process.communicate(timeout=30)[0]
+    assert "300 asked" not in log and "cannot be mounted" not in log, log
+    assert "RLIMIT_NPROC 200 of the run's own user namespace" in log, log
+    assert "limit working directory: 48 MiB tmpfs" in log, log
 
 
 @pytest.mark.parametrize(
@@ -558,7 +588,9 @@ def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -
     assert body["status"] == "ready"
     weaker = {item["limit"]: item["how"] for item in body["not_enforced"]}
     assert "user" in weaker and "working directory" not in weaker, body
-    assert "processes" not in weaker and "64 processes and threads" in description, body
+    per_run = limits.kernel_counts_nproc_per_namespace()  # on a host that can mount: this one
+    assert ("processes" not in weaker) is per_run, body
+    assert ("64 processes and threads" in description) is per_run, description
 
 
 async def _tool_description(url: str) -> str:
@@ -679,6 +711,10 @@ def test_startup_log_tells_which_limits_hold(
     process.terminate()
     log = process.communicate(timeout=30)[0]
     assert "no memory cgroup; address-space rlimit" in log
-    own = "limit processes: 64: no pids cgroup; RLIMIT_NPROC 64 of the run's own user namespace"
-    assert own in log
+    processes = (
+        "limit processes: 64: no pids cgroup; RLIMIT_NPROC 64 of the run's own user namespace"
+        if limits.kernel_counts_nproc_per_namespace()
+        else f"64 asked, not bounded per run: no pids cgroup, and every run has uid {NOBODY}"
+    )
+    assert processes in log
     assert "limit working directory: 48 MiB tmpfs" in log
