@@ -210,6 +210,13 @@ def make_pool(
         own_uid=users.dropping,
         own_namespace=root.launchers_mount,
     )
+    if nproc is not None and nproc < config.pids_limit:
+        log.warning(
+            "EVALUATOR_PIDS_LIMIT %d is above this user's hard RLIMIT_NPROC: each run gets %d "
+            "processes and threads (raise the hard limit, or lower the setting)",
+            config.pids_limit,
+            nproc,
+        )
     maker = SandboxMaker(
         root,
         cgroups,

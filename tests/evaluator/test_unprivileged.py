@@ -376,6 +376,9 @@ def test_a_runs_nproc_stays_within_the_users_hard_limit(venv: Path) -> None:
         log = process.communicate(timeout=30)[0]
     assert "300 asked" not in log and "cannot be mounted" not in log, log
     assert "RLIMIT_NPROC 200 of the run's own user namespace" in log, log
+    assert (
+        "EVALUATOR_PIDS_LIMIT 300 is above this user's hard RLIMIT_NPROC: each run gets 200" in log
+    )
     assert "limit working directory: 48 MiB tmpfs" in log, log
 
 
