@@ -15,11 +15,12 @@ import httpx
 import pytest
 
 import plotting
-from evaluator import Evaluator
+from evaluator import Evaluator, create_app, startup
+from evaluator.launch import LAUNCHER
 from tests.support import memory_is_a_cgroup, sandbox_home
 
 from . import isolation
-from .conftest import KILL_LIMIT, TIME_LIMIT, b64, run
+from .conftest import KILL_LIMIT, TIME_LIMIT, b64, config, run
 
 
 async def test_runs_as_nobody_without_capabilities(client: httpx.AsyncClient) -> None:
@@ -411,3 +412,38 @@ async def test_a_run_gets_only_stdin_stdout_and_stderr(client: httpx.AsyncClient
     for _ in range(3):  # the first may be made on demand; the next ones were made ahead
         result = await run(client, code)
         assert (result["returncode"], result["stdout"]) == (0, "[0, 1, 2, 3]\n"), result
+
+
+def launcher_denied_mounts(directory: Path) -> str:
+    """The launcher, its first mount in its own namespace (``_mount_workdir``'s) denied."""
+    source = Path(LAUNCHER).read_text()
+    first_mount = '    libc.mount("none", "/", None, _MS_REC | _MS_SLAVE, None)\n'
+    assert source.index(first_mount) < source.index("def _expose")
+    denied = "    raise PermissionError(1, 'mount: Operation not permitted')\n"
+    launcher = directory / "_launcher.py"
+    launcher.write_text(source.replace(first_mount, denied, 1))
+    return str(launcher)
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root mounts each tmpfs itself: no launcher enters a namespace"
+)
+async def test_where_a_launcher_cannot_mount_runs_go_on_and_the_limits_say_what_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some hosts let bubblewrap make user namespaces but deny another program's namespace
+    its mounts (an AppArmor policy on unprivileged user namespaces, say): the launchers then
+    fail at their first mount, here made to. The service goes on with plain working directories,
+    and its limits in force say that the working directory's size and each run's processes,
+    both bounded in that namespace, are not bounded."""
+    monkeypatch.setattr(startup, "place_launcher", lambda root: launcher_denied_mounts(tmp_path))
+    async with Evaluator(config()) as evaluator:
+        transport = httpx.ASGITransport(create_app(evaluator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://evaluator") as http:
+            result = await run(http, "import os\nprint(len(os.listdir('.')))")
+        limits = {limit.name: limit for limit in evaluator.limits_in_force()}
+    assert (result["stdout"], result["returncode"]) == ("0\n", 0), result
+    assert not limits["working directory"].enforced, limits["working directory"]
+    assert "plain directory" in limits["working directory"].how
+    assert not limits["processes"].enforced, limits["processes"]
+    assert "not bounded per run" in limits["processes"].how
