@@ -32,7 +32,7 @@ from .commands import CommandLines
 from .config import EvaluatorConfig
 from .dispatch import Dispatcher, ended_by
 from .errors import SandboxUnavailable
-from .host import HOME
+from .host import HOME, WHAT_TO_DO
 from .live import LiveSessions
 from .models import Limit
 from .pool import SandboxPool
@@ -209,7 +209,13 @@ class Evaluator:
                 root = self._root
                 if root is None or not root.launchers_mount:
                     raise
-                log.warning("a run's own tmpfs cannot be mounted here: %s", exc)
+                # Not the advice on making sandboxes work: they do, with less.
+                why = str(exc).replace(WHAT_TO_DO, "").strip()
+                log.warning(
+                    "a run's own tmpfs cannot be mounted here (%s): runs go on in plain "
+                    "directories, their size and processes not bounded per run",
+                    why,
+                )
                 root.launchers_mount = False
                 await pool.aclose()
 
