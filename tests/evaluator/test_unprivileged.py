@@ -368,17 +368,18 @@ def test_a_runs_nproc_stays_within_the_users_hard_limit(venv: Path) -> None:
     the host's namespace): a user whose hard limit is below the processes asked per run gets
     that, said so, and keeps its tmpfs (asking for more failed every launcher, and the service
     went on without either bound, saying its tmpfs could not be mounted)."""
-    prefix = ("prlimit", "--nproc=200:200", "--")
-    with nobody_evaluator(venv, 30, flags=("--pids-limit", "300"), prefix=prefix) as (url, process):
+    # High enough for every task nobody has (this module's other service, its sessions): the
+    # kernel checks them all against the soft limit, the one the launchers' namespaces record.
+    prefix = ("prlimit", "--nproc=2000:2000", "--")
+    flags = ("--pids-limit", "5000")
+    with nobody_evaluator(venv, 30, flags=flags, prefix=prefix) as (url, process):
         answer = run(url, "print(1)")
         assert (answer["stdout"], answer["returncode"]) == ("1\n", 0), answer
         process.terminate()
         log = process.communicate(timeout=30)[0]
-    assert "300 asked" not in log and "cannot be mounted" not in log, log
-    assert "RLIMIT_NPROC 200 of the run's own user namespace" in log, log
-    assert (
-        "EVALUATOR_PIDS_LIMIT 300 is above this user's hard RLIMIT_NPROC: each run gets 200" in log
-    )
+    assert "5000 asked" not in log and "cannot be mounted" not in log, log
+    assert "RLIMIT_NPROC 2000 of the run's own user namespace" in log, log
+    assert "PIDS_LIMIT 5000 is above this user's hard RLIMIT_NPROC: each run gets 2000" in log
     assert "limit working directory: 48 MiB tmpfs" in log, log
 
 
