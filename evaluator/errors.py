@@ -2,6 +2,7 @@
 
     EvaluatorError
     ├── SandboxUnavailable   the sandbox cannot be built on this machine (raised by ``start``)
+    │   ├── SandboxNotMade       bubblewrap or the launcher failed before the interpreter
     │   └── HostTooBusy          the start-up check was killed at its time limit twice
     ├── RequestInvalid       the request cannot be run as given (an HTTP 400 at the edge)
     │   ├── InvalidFile          a file's path or content is illegal
@@ -35,6 +36,7 @@ __all__ = [
     "QueueFull",
     "RequestInvalid",
     "RunAborted",
+    "SandboxNotMade",
     "SandboxUnavailable",
     "SessionNotFound",
     "SessionsFull",
@@ -48,6 +50,15 @@ class EvaluatorError(Exception):
 
 class SandboxUnavailable(EvaluatorError):
     """The sandbox cannot be built here; the message says what is missing and what to do."""
+
+
+class SandboxNotMade(SandboxUnavailable):
+    """bubblewrap or the launcher failed before the interpreter started: the sandbox itself
+    could not be made here. ``reason`` is how, without the advice on what to install."""
+
+    def __init__(self, reason: str, advice: str) -> None:
+        super().__init__(f"{reason}\n{advice}")
+        self.reason = reason
 
 
 class HostTooBusy(SandboxUnavailable):

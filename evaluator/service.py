@@ -31,8 +31,8 @@ from .cgroups import Cgroups
 from .commands import CommandLines
 from .config import EvaluatorConfig
 from .dispatch import Dispatcher, ended_by
-from .errors import SandboxUnavailable
-from .host import HOME, WHAT_TO_DO
+from .errors import SandboxNotMade
+from .host import HOME
 from .live import LiveSessions
 from .models import Limit
 from .pool import SandboxPool
@@ -129,6 +129,7 @@ class Evaluator:
             raise
         for limit in self.limits_in_force():
             log.log(logging.INFO if limit.enforced else logging.WARNING, "limit %s", limit)
+        startup.log_lowered_nproc(self.config, self._nproc)
         startup.log_sessions(self.config, self.session_limit, session_bytes, self._cgroups)
         config = self.config
         if config.memory_reserve > 0 and self._dispatch is not None:
@@ -196,26 +197,18 @@ class Evaluator:
         """Make the pool and prove a first run works in it.
 
         Should the launchers fail to mount their working directories (user namespaces that
-        cannot nest, say), the runs go on in plain directories, and the limit says so.
+        cannot nest, say), the runs go on in plain directories, and the limits say so.
         """
         while True:
             pool = self._make_pool()
             try:
                 await startup.probe(self._probe_run, self.config.memory_limit)
                 return pool
-            except startup.HostTooBusy:
-                raise  # no other way of mounting would be faster
-            except SandboxUnavailable as exc:
+            except SandboxNotMade as exc:  # not a busy host, nor a limit: the mounts, maybe
                 root = self._root
                 if root is None or not root.launchers_mount:
                     raise
-                # Not the advice on making sandboxes work: they do, with less.
-                why = str(exc).replace(WHAT_TO_DO, "").strip()
-                log.warning(
-                    "a run's own tmpfs cannot be mounted here (%s): runs go on in plain "
-                    "directories, their size and processes not bounded per run",
-                    why,
-                )
+                startup.log_plain_directories(exc, processes_lost=self._nproc is not None)
                 root.launchers_mount = False
                 await pool.aclose()
 

@@ -24,7 +24,7 @@ from . import bytecode, limits, seccomp
 from .cgroups import Cgroups
 from .commands import AGENT_IN_SANDBOX, CommandLines
 from .config import EvaluatorConfig, MiB
-from .errors import HostTooBusy, SandboxUnavailable
+from .errors import HostTooBusy, SandboxNotMade, SandboxUnavailable
 from .host import (
     HOME,
     MPLCONFIGDIR,
@@ -45,10 +45,11 @@ from .workdir import WorkdirRoot
 __all__ = [
     "PROBE",
     "PROBE_TIME_LIMIT",
-    "HostTooBusy",
     "build_fontlist",
     "check_bytecode",
     "detect_cgroups",
+    "log_lowered_nproc",
+    "log_plain_directories",
     "log_sessions",
     "make_pool",
     "place_agent_files",
@@ -210,13 +211,6 @@ def make_pool(
         own_uid=users.dropping,
         own_namespace=root.launchers_mount,
     )
-    if nproc is not None and nproc < config.pids_limit:
-        log.warning(
-            "EVALUATOR_PIDS_LIMIT %d is above this user's hard RLIMIT_NPROC: each run gets %d "
-            "processes and threads (raise the hard limit, or lower the setting)",
-            config.pids_limit,
-            nproc,
-        )
     maker = SandboxMaker(
         root,
         cgroups,
@@ -233,6 +227,29 @@ def make_pool(
         launcher=place_launcher(root),
     )
     return SandboxPool(maker, ready=config.concurrency if config.prewarm else 0), nproc
+
+
+def log_lowered_nproc(config: EvaluatorConfig, nproc: int | None) -> None:
+    """Warn when the user's hard RLIMIT_NPROC lowers each run's below ``pids_limit``."""
+    if nproc is not None and nproc < config.pids_limit:
+        log.warning(
+            "EVALUATOR_PIDS_LIMIT %d is above this user's hard RLIMIT_NPROC: each run gets %d "
+            "processes and threads (raise the hard limit, or lower the setting)",
+            config.pids_limit,
+            nproc,
+        )
+
+
+def log_plain_directories(failure: SandboxNotMade, *, processes_lost: bool) -> None:
+    """Say that the launchers could not mount, and what the runs lose for it: the size of
+    their working directory, and the RLIMIT_NPROC set in the same namespace, if any. Not the
+    advice on making sandboxes work: they do, with less."""
+    log.warning(
+        "a run's own tmpfs cannot be mounted here (%s): runs go on in plain directories, "
+        "their %s not bounded per run",
+        failure.reason,
+        "size and processes" if processes_lost else "size",
+    )
 
 
 def log_sessions(
@@ -279,15 +296,15 @@ async def probe(run_once: Callable[[float], Awaitable[EvalResult]], memory_limit
             "Start the evaluator again once the host is less loaded."
         )
     if result.returncode != 0 or result.stdout != "ok\n":
-        raise SandboxUnavailable(_probe_failure(result, memory_limit))
+        raise _probe_failure(result, memory_limit)
 
 
-def _probe_failure(result: EvalResult, memory_limit: int) -> str:
+def _probe_failure(result: EvalResult, memory_limit: int) -> SandboxUnavailable:
     """Why the start-up check run failed, in words naming the cause: what to install only
-    when bwrap or the namespaces it needs are what failed."""
+    when bwrap or the namespaces it needs are what failed (:class:`SandboxNotMade`)."""
     output = result.stdout.strip()[:2000]
     if result.ended_by == "memory_limit":
-        return (
+        return SandboxUnavailable(
             "the start-up check run was killed at the memory limit "
             f"({memory_limit} MiB): the interpreter cannot start within it; "
             "raise the limit"
@@ -296,8 +313,8 @@ def _probe_failure(result: EvalResult, memory_limit: int) -> str:
     # bwrap's own errors, and the launcher's (its namespaces, its mounts), come before
     # the interpreter: the sandbox could not be made.
     if "bwrap:" in output or _LAUNCH_FAILED in output:
-        return failed + "\n" + WHAT_TO_DO
-    return failed
+        return SandboxNotMade(failed, WHAT_TO_DO)
+    return SandboxUnavailable(failed)
 
 
 def check_bytecode(config: EvaluatorConfig) -> None:

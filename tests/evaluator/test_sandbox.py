@@ -17,7 +17,7 @@ import pytest
 import plotting
 from evaluator import Evaluator, create_app, startup
 from evaluator.launch import LAUNCHER
-from tests.support import memory_is_a_cgroup, sandbox_home
+from tests.support import memory_is_a_cgroup, offered_v2_controllers, sandbox_home
 
 from . import isolation
 from .conftest import KILL_LIMIT, TIME_LIMIT, b64, config, run
@@ -434,19 +434,23 @@ async def test_where_a_launcher_cannot_mount_runs_go_on_and_the_limits_say_what_
     """Some hosts let bubblewrap make user namespaces but deny another program's namespace
     its mounts (an AppArmor policy on unprivileged user namespaces, say): the launchers then
     fail at their first mount, here made to. The service goes on with plain working directories,
-    and its limits in force say that the working directory's size and each run's processes,
-    both bounded in that namespace, are not bounded."""
-    monkeypatch.setattr(startup, "place_launcher", lambda root: launcher_denied_mounts(tmp_path))
+    and its limits in force say that the working directory's size is not bounded, nor each
+    run's processes where that namespace bounded them (no pids cgroup)."""
+    launcher = launcher_denied_mounts(tmp_path)
+    monkeypatch.setattr(startup, "place_launcher", lambda root: launcher)
     async with Evaluator(config()) as evaluator:
         transport = httpx.ASGITransport(create_app(evaluator))
         async with httpx.AsyncClient(transport=transport, base_url="http://evaluator") as http:
             result = await run(http, "print(1)")
         limits = {limit.name: limit for limit in evaluator.limits_in_force()}
     assert (result["stdout"], result["returncode"]) == ("1\n", 0), result
-    (said,) = [r.message for r in caplog.records if "tmpfs cannot be mounted" in r.message]
-    assert "Operation not permitted" in said and "runs go on in plain directories" in said
-    assert "install bubblewrap" not in said, said  # they run: no advice on making them
     assert not limits["working directory"].enforced, limits["working directory"]
     assert "plain directory" in limits["working directory"].how
-    assert not limits["processes"].enforced, limits["processes"]
-    assert "not bounded per run" in limits["processes"].how
+    # A delegated pids cgroup bounds the processes without the launcher's namespace.
+    pids = "pids" in offered_v2_controllers().split()
+    assert limits["processes"].enforced is pids, limits["processes"]
+    lost = "size" if pids else "size and processes"
+    (said,) = [r.getMessage() for r in caplog.records if "cannot be mounted" in r.getMessage()]
+    assert "Operation not permitted" in said, said
+    assert f"runs go on in plain directories, their {lost} not bounded per run" in said, said
+    assert "install bubblewrap" not in said, said  # they run: no advice on making them

@@ -379,7 +379,7 @@ def test_a_runs_nproc_stays_within_the_users_hard_limit(venv: Path) -> None:
         log = process.communicate(timeout=30)[0]
     assert "5000 asked" not in log and "cannot be mounted" not in log, log
     assert "RLIMIT_NPROC 2000 of the run's own user namespace" in log, log
-    assert "PIDS_LIMIT 5000 is above this user's hard RLIMIT_NPROC: each run gets 2000" in log
+    assert "PIDS_LIMIT 5000 is above this user's hard RLIMIT_NPROC: each run gets 2000" in log, log
     assert "limit working directory: 48 MiB tmpfs" in log, log
 
 
