@@ -139,7 +139,7 @@ class SandboxMaker:
                 shm=(str(workdir.shm), self._shm_size, SHM_INODES)
                 if workdir.launcher_mount and workdir.shm is not None and self._shm_size
                 else None,
-                nproc=self._nproc if workdir.launcher_mount else None,
+                nproc=self._nproc,
                 idle=cgroup is not None and cgroup.starts_idle,
                 launcher=self._launcher,
             )
