@@ -17,8 +17,11 @@ agents are not loading). Prints p50 and p95 of each way, as ratios of the bare i
 Targets (issue 31): without ``--session``, p50 at most 0.25x and p95 at most 0.5x the bare
 interpreter's p50; with it, as before (0.12x).
 
+``--preimport MODULES`` adds a gateway of this working tree whose evaluator imports only those
+(``EVALUATOR_PREIMPORT``) in its warm sandboxes: what a lighter warm sandbox gains under this load.
+
     uv run python bench/bench_plot_agents.py [--agents 4] [--calls 5] [--rounds 3]
-        [--gap 1.5] [--session] [--before /tmp/bench-before]
+        [--gap 1.5] [--session] [--before /tmp/bench-before] [--preimport numpy,matplotlib.pyplot]
 """
 
 from __future__ import annotations
@@ -91,15 +94,21 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=1.5, help="seconds between calls (1.5)")
     parser.add_argument("--session", action="store_true", help="each agent continues its own")
     parser.add_argument("--before", help="a checkout of the 'before' commit, for its gateway")
+    parser.add_argument("--preimport", help="also this tree's gateway with these preimports")
     args = parser.parse_args()
     before = before_checkout(args.before)
 
     checkouts = {"gateway": ROOT} | ({"gateway before": before} if before else {})
+    environs: dict[str, dict[str, str]] = {name: {} for name in checkouts}
+    if args.preimport is not None:
+        checkouts["gateway lighter"] = ROOT
+        environs["gateway lighter"] = {"EVALUATOR_PREIMPORT": args.preimport}
     with ExitStack() as stack:
         urls = {}
         for name, checkout in checkouts.items():
             port = free_port()
-            stack.enter_context(service_of(checkout, "python_mcp_server", port))
+            env = environs[name]
+            stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
             urls[name] = f"http://127.0.0.1:{port}"
         samples = asyncio.run(
             measure(urls, args.agents, args.calls, args.rounds, args.gap, args.session)
@@ -112,7 +121,8 @@ def main() -> None:
     )
     print(f"  bare: {sys.executable} -c SCRIPT, one at a time")
     for name, checkout in checkouts.items():
-        print(f"  {name}: {checkout} (Streamable HTTP, built-in evaluator, defaults)")
+        settings = " ".join(f"{k}={v}" for k, v in environs[name].items()) or "defaults"
+        print(f"  {name}: {checkout} (Streamable HTTP, built-in evaluator, {settings})")
     bare50 = statistics.median(samples[BARE])
     print(f"{'way':<18}{'calls':>6}{'p50':>8}{'p95':>8}{'max':>8}{'p50/bare':>10}{'p95/bare':>10}")
     for name, values in samples.items():
