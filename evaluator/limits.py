@@ -128,6 +128,7 @@ def describe(
             "processes",
             per_run,
             f"{config.pids_limit}: {pids}" if per_run else f"{config.pids_limit} asked, {pids}",
+            nproc if nproc is not None else config.pids_limit if per_run else None,
         ),
         Limit(
             "cpu", cpu is not None,

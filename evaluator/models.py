@@ -18,6 +18,9 @@ class Limit:
     name: str
     enforced: bool
     how: str
+    #: The number a run is held to, where this host may hold it below its setting (processes:
+    #: a hard RLIMIT_NPROC below ``EVALUATOR_PIDS_LIMIT``); ``None``: not a number, or not held.
+    value: int | None = None
 
     def __str__(self) -> str:
         return (

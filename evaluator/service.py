@@ -129,7 +129,7 @@ class Evaluator:
             raise
         for limit in self.limits_in_force():
             log.log(logging.INFO if limit.enforced else logging.WARNING, "limit %s", limit)
-        startup.log_lowered_nproc(self.config, self._nproc)
+        startup.log_lowered_nproc(self.config, self._nproc, self._users)
         startup.log_sessions(self.config, self.session_limit, session_bytes, self._cgroups)
         config = self.config
         if config.memory_reserve > 0 and self._dispatch is not None:

@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import py_compile
+import resource
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -229,14 +230,28 @@ def make_pool(
     return SandboxPool(maker, ready=config.concurrency if config.prewarm else 0), nproc
 
 
-def log_lowered_nproc(config: EvaluatorConfig, nproc: int | None) -> None:
-    """Warn when the user's hard RLIMIT_NPROC lowers each run's below ``pids_limit``."""
-    if nproc is not None and nproc < config.pids_limit:
+def log_lowered_nproc(config: EvaluatorConfig, nproc: int | None, users: RunUsers) -> None:
+    """Warn when this user's RLIMIT_NPROC holds runs sharing its uid below ``pids_limit``: its
+    hard limit lowers each run's own; its soft limit bounds all its tasks together (the kernel
+    checks them against it above the runs' namespaces), the runs' among them."""
+    if nproc is None or users.dropping:
+        return
+    if nproc < config.pids_limit:
         log.warning(
             "EVALUATOR_PIDS_LIMIT %d is above this user's hard RLIMIT_NPROC: each run gets %d "
             "processes and threads (raise the hard limit, or lower the setting)",
             config.pids_limit,
             nproc,
+        )
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if soft != resource.RLIM_INFINITY and soft < config.pids_limit * config.concurrency:
+        log.warning(
+            "this user's soft RLIMIT_NPROC (%d) bounds all its processes and threads together, "
+            "the runs' among them: %d runs at once of EVALUATOR_PIDS_LIMIT %d each do not fit "
+            "in it, and a run may get fewer (raise it: ulimit -u; or lower the setting)",
+            soft,
+            config.concurrency,
+            config.pids_limit,
         )
 
 

@@ -84,6 +84,9 @@ class EnforcedLimit(Protocol):
     @property
     def how(self) -> str: ...
 
+    @property
+    def value(self) -> int | None: ...
+
 
 @runtime_checkable
 class LocalService(EvaluationService, Protocol):

@@ -102,7 +102,8 @@ def _limits(settings: Settings, connection: Connection) -> str:
     )
     parts = [f"{cfg.time_limit:g} s wall-clock", memory]
     if "processes" not in weaker:
-        parts.append(f"{cfg.pids_limit} processes and threads")
+        processes = in_force["processes"].value
+        parts.append(f"{cfg.pids_limit if processes is None else processes} processes and threads")
     parts.append(f"{cfg.output_limit:,} bytes of output")
     limits = "Limits: " + ", ".join(parts)
     if "working directory" not in weaker:

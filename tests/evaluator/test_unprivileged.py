@@ -380,6 +380,7 @@ def test_a_runs_nproc_stays_within_the_users_hard_limit(venv: Path) -> None:
     assert "5000 asked" not in log and "cannot be mounted" not in log, log
     assert "RLIMIT_NPROC 2000 of the run's own user namespace" in log, log
     assert "PIDS_LIMIT 5000 is above this user's hard RLIMIT_NPROC: each run gets 2000" in log, log
+    assert "soft RLIMIT_NPROC (2000) bounds all its processes and threads together" in log, log
     assert "limit working directory: 48 MiB tmpfs" in log, log
 
 
@@ -567,14 +568,17 @@ def test_a_start_is_not_stopped_by_what_a_dead_evaluator_left(venv: Path) -> Non
         shutil.rmtree(base)
 
 
-def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -> None:
-    """As an ordinary user (no mounts, no cgroups here): /readyz says which limits are weaker."""
+def nobodys_gateway(
+    venv: Path, prefix: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> tuple[httpx.Response, str, str]:
+    """``python-mcp-server`` as nobody, after ``prefix``, with ``env`` added: its answer to
+    /readyz, its tool's description and its log, once stopped."""
     port = closed_port()
     command: list[str | Path] = [
-        "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+        *prefix, "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
         venv / "bin" / "python-mcp-server", "--port", str(port),
     ]  # fmt: skip
-    environment = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+    environment = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
     process = subprocess.Popen(command, cwd="/", env=environment, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
@@ -584,7 +588,12 @@ def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -
         pytest.fail("the unprivileged gateway exited:\n" + process.communicate()[0])
     finally:
         process.terminate()
-        process.wait(timeout=30)
+    return ready, description, process.communicate(timeout=30)[0]
+
+
+def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -> None:
+    """As an ordinary user (no mounts, no cgroups here): /readyz says which limits are weaker."""
+    ready, description, _ = nobodys_gateway(venv)
     # What cannot be enforced here is not promised to the model either; what can, is.
     assert "wall-clock" in description and "working directory holds" in description
     assert "MemoryError" in description
@@ -595,6 +604,22 @@ def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -
     per_run = limits.kernel_counts_nproc_per_namespace()  # on a host that can mount: this one
     assert ("processes" not in weaker) is per_run, body
     assert ("64 processes and threads" in description) is per_run, description
+
+
+@pytest.mark.skipif(
+    not limits.kernel_counts_nproc_per_namespace(), reason="no RLIMIT_NPROC per run here"
+)
+def test_the_tool_states_the_processes_a_run_gets_where_the_users_limits_lower_them(
+    venv: Path,
+) -> None:
+    """A hard RLIMIT_NPROC below the setting lowers each run's: the model is told the lower
+    number; a soft one below what the runs at once may hold is warned about."""
+    prefix = ("prlimit", "--nproc=2000:2000", "--")
+    ready, description, log = nobodys_gateway(venv, prefix, {"EVALUATOR_PIDS_LIMIT": "5000"})
+    assert ready.status_code == 200, ready.text
+    assert "2000 processes and threads" in description, description
+    assert "5000" not in description, description
+    assert "this user's soft RLIMIT_NPROC (2000) bounds all its processes" in log, log
 
 
 async def _tool_description(url: str) -> str:
