@@ -21,6 +21,7 @@ __all__ = [
     "kernel_counts_nproc_per_namespace",
     "rlimits",
     "session_bytes",
+    "users_soft_nproc",
 ]
 
 #: Headroom of the address-space rlimit over the memory limit, used only without a memory cgroup:
@@ -92,6 +93,14 @@ def kernel_counts_nproc_per_namespace(release: str | None = None) -> bool:
     return numbers is not None and (int(numbers[1]), int(numbers[2])) >= NPROC_PER_NAMESPACE
 
 
+def users_soft_nproc(users: RunUsers) -> int | None:
+    """The soft RLIMIT_NPROC that bounds all the runs' tasks together with the service's own:
+    that of the service's uid where runs share it (not root's, which it does not bind)."""
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    shared = not users.dropping and os.getuid() != 0
+    return soft if shared and soft != resource.RLIM_INFINITY else None
+
+
 def describe(
     config: EvaluatorConfig,
     cgroups: Cgroups,
@@ -128,7 +137,7 @@ def describe(
             "processes",
             per_run,
             f"{config.pids_limit}: {pids}" if per_run else f"{config.pids_limit} asked, {pids}",
-            nproc if nproc is not None else config.pids_limit if per_run else None,
+            _most_processes(config, nproc, users) if per_run else None,
         ),
         Limit(
             "cpu", cpu is not None,
@@ -170,6 +179,14 @@ def describe(
             else f"no seccomp filter: {seccomp_reason}",
         ),
     )  # fmt: skip
+
+
+def _most_processes(config: EvaluatorConfig, nproc: int | None, users: RunUsers) -> int:
+    """The most processes and threads a run may have: its bound, within the soft limit of the
+    uid it shares with the service, if any (which the service's own tasks count against too)."""
+    most = config.pids_limit if nproc is None else nproc
+    soft = users_soft_nproc(users)
+    return most if soft is None else min(most, soft)
 
 
 def _processes(cgroup: str | None, nproc: int | None, users: RunUsers) -> str:

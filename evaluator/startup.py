@@ -234,24 +234,26 @@ def log_lowered_nproc(config: EvaluatorConfig, nproc: int | None, users: RunUser
     """Warn when this user's RLIMIT_NPROC holds runs sharing its uid below ``pids_limit``: its
     hard limit lowers each run's own; its soft limit bounds all its tasks together (the kernel
     checks them against it above the runs' namespaces), the runs' among them."""
-    if nproc is None or users.dropping:
-        return
-    if nproc < config.pids_limit:
+    if nproc is not None and nproc < config.pids_limit:
         log.warning(
             "EVALUATOR_PIDS_LIMIT %d is above this user's hard RLIMIT_NPROC: each run gets %d "
             "processes and threads (raise the hard limit, or lower the setting)",
             config.pids_limit,
             nproc,
         )
-    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-    if soft != resource.RLIM_INFINITY and soft < config.pids_limit * config.concurrency:
+    each = config.pids_limit if nproc is None else nproc
+    soft = limits.users_soft_nproc(users)
+    if soft is not None and soft < each * config.concurrency:
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
         log.warning(
             "this user's soft RLIMIT_NPROC (%d) bounds all its processes and threads together, "
-            "the runs' among them: %d runs at once of EVALUATOR_PIDS_LIMIT %d each do not fit "
-            "in it, and a run may get fewer (raise it: ulimit -u; or lower the setting)",
+            "the runs' among them: %d runs at once of %d each do not fit in it, and a run may "
+            "get fewer (raise it with ulimit -u, up to the hard limit, %s; or lower "
+            "EVALUATOR_PIDS_LIMIT)",
             soft,
             config.concurrency,
-            config.pids_limit,
+            each,
+            "unlimited" if hard == resource.RLIM_INFINITY else hard,
         )
 
 

@@ -584,11 +584,19 @@ def nobodys_gateway(
     try:
         ready = wait_until_answers(f"http://127.0.0.1:{port}/readyz", process)
         description = anyio.run(_tool_description, f"http://127.0.0.1:{port}")
-    except RuntimeError:
-        pytest.fail("the unprivileged gateway exited:\n" + process.communicate()[0])
-    finally:
-        process.terminate()
-    return ready, description, process.communicate(timeout=30)[0]
+    except Exception as exc:
+        pytest.fail(f"{exc!r}; the unprivileged gateway's log:\n{_stopped(process)}")
+    return ready, description, _stopped(process)
+
+
+def _stopped(process: subprocess.Popen[str]) -> str:
+    """The output of ``process``, stopped: terminated, and killed if it has not ended 30 s on."""
+    process.terminate()
+    try:
+        return process.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()[0]
 
 
 def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -> None:
@@ -612,14 +620,17 @@ def test_the_gateways_readiness_names_the_limits_it_cannot_enforce(venv: Path) -
 def test_the_tool_states_the_processes_a_run_gets_where_the_users_limits_lower_them(
     venv: Path,
 ) -> None:
-    """A hard RLIMIT_NPROC below the setting lowers each run's: the model is told the lower
-    number; a soft one below what the runs at once may hold is warned about."""
-    prefix = ("prlimit", "--nproc=2000:2000", "--")
+    """A hard RLIMIT_NPROC below the setting lowers each run's, and the soft one bounds every
+    task of the user (the runs' and the service's) together: the model is told the lowest; a
+    soft limit below what the runs at once may hold is warned about."""
+    prefix = ("prlimit", "--nproc=1000:2000", "--")  # see the test above
     ready, description, log = nobodys_gateway(venv, prefix, {"EVALUATOR_PIDS_LIMIT": "5000"})
     assert ready.status_code == 200, ready.text
-    assert "2000 processes and threads" in description, description
-    assert "5000" not in description, description
-    assert "this user's soft RLIMIT_NPROC (2000) bounds all its processes" in log, log
+    assert "1000 processes and threads" in description, description
+    assert "5000" not in description and "2000" not in description, description
+    assert "hard RLIMIT_NPROC: each run gets 2000 processes and threads" in log, log
+    assert "this user's soft RLIMIT_NPROC (1000) bounds all its processes" in log, log
+    assert "of 2000 each do not fit in it" in log and "up to the hard limit, 2000" in log, log
 
 
 async def _tool_description(url: str) -> str:
