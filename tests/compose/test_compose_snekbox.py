@@ -91,6 +91,26 @@ async def test_the_gateway_finds_the_prelude_resident_in_the_image() -> None:
     assert "keeps no resident prelude" not in docker("logs", gateway)
 
 
+@pytest.mark.anyio
+async def test_a_run_starts_with_the_font_list_and_nothing_imported_for_it() -> None:
+    """docker/snekbox/usercustomize.py copies the font list the image built into each run's
+    fresh home (else matplotlib rebuilds it, for seconds, at a run's first import of it), and
+    imports nothing for that: every run, a figure's or not, pays for what it imports."""
+    code = (
+        "import os, sys\n"
+        "print(sorted(set(sys.modules) & {'shutil', 'fnmatch', 'bz2', 'lzma'}))\n"
+        "print([n for n in os.listdir(os.environ['MPLCONFIGDIR']) if n.startswith('fontlist')])\n"
+        "import matplotlib.font_manager\n"
+    )
+    result = await call("http", code)
+    assert not result.is_error, text_of(result)
+    stdout = result.structured_content["stdout"]
+    imported, fontlist, *rest = stdout.splitlines()
+    assert imported == "[]", stdout
+    assert re.fullmatch(r"\['fontlist-v\d+\.json'\]", fontlist), stdout
+    assert rest == [], stdout  # no "Matplotlib is building the font cache"
+
+
 def test_output_is_read_after_nsjail_has_exited() -> None:
     [replica, *_] = replica_containers()
     done = docker(
