@@ -19,7 +19,8 @@ class Limit:
     enforced: bool
     how: str
     #: The number a run is held to, where this host may hold it below its setting (processes:
-    #: a hard RLIMIT_NPROC below ``EVALUATOR_PIDS_LIMIT``); ``None``: not a number, or not held.
+    #: the user's RLIMIT_NPROC below ``EVALUATOR_PIDS_LIMIT``); ``None``: not a number, or not
+    #: held.
     value: int | None = None
 
     def __str__(self) -> str:

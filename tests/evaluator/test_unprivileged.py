@@ -623,7 +623,8 @@ def test_the_tool_states_the_processes_a_run_gets_where_the_users_limits_lower_t
     """A hard RLIMIT_NPROC below the setting lowers each run's, and the soft one bounds every
     task of the user (the runs' and the service's) together: the model is told the lowest; a
     soft limit below what the runs at once may hold is warned about."""
-    prefix = ("prlimit", "--nproc=1000:2000", "--")  # see the test above
+    # Room for every task nobody has (this module's other service, its sessions): all count.
+    prefix = ("prlimit", "--nproc=1000:2000", "--")
     ready, description, log = nobodys_gateway(venv, prefix, {"EVALUATOR_PIDS_LIMIT": "5000"})
     assert ready.status_code == 200, ready.text
     assert "1000 processes and threads" in description, description
