@@ -25,11 +25,14 @@ Floors, in the same loop: a call of a tool that does not exist over each transpo
 stack, client and server, around a tool call that runs no gateway code and no evaluation).
 
 ``--before DIR`` adds, side by side, the gateway of another checkout started the same way
-(``git worktree add /tmp/bench-before <commit>``). ``--log-level`` is the gateways'
+(``git worktree add /tmp/bench-before <commit>``). ``--snekbox-before URL`` adds another
+Snekbox's plain ``POST /eval`` (``direct /eval before``: an image built before a change to it,
+such as docker/snekbox/usercustomize.py, run beside the new one), whose difference from
+``direct /eval`` is what the change to the image gave every run. ``--log-level`` is the gateways'
 ``MCP_LOG_LEVEL`` (default ``info``, the gateway's own default: one log line per call).
 
     uv run python bench/bench_snekbox.py --snekbox-url http://127.0.0.1:8060 [-n 200]
-        [--before DIR] [--log-level info]
+        [--before DIR] [--snekbox-before http://127.0.0.1:8061] [--log-level info]
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ SEED_LIKE = "seed-like"
 FLOOR = " (floor)"
 
 
-async def measure(n: int, snekbox_url: str, gateways: dict[str, str]) -> dict[str, list[float]]:
+async def measure(
+    n: int, snekbox_url: str, gateways: dict[str, str], snekbox_before: str | None = None
+) -> dict[str, list[float]]:
     """``gateways``: a name for each gateway's URL; each is called over both transports."""
     async with AsyncExitStack() as stack:
         direct = await stack.enter_async_context(
@@ -74,10 +79,13 @@ async def measure(n: int, snekbox_url: str, gateways: dict[str, str]) -> dict[st
         carried = plotting.build_request("print(1)").to_json()
         resident = plotting.build_request("print(1)", resident=True).to_json()
 
-        async def via_direct() -> None:
-            response = await direct.post("/eval", json={"input": "print(1)"})
-            response.raise_for_status()
-            assert response.json()["stdout"] == "1\n", response.text
+        def plain(client: httpx.AsyncClient) -> Callable[[], Awaitable[None]]:
+            async def way() -> None:
+                response = await client.post("/eval", json={"input": "print(1)"})
+                response.raise_for_status()
+                assert response.json()["stdout"] == "1\n", response.text
+
+            return way
 
         def via_prelude(body: dict[str, object]) -> Callable[[], Awaitable[None]]:
             async def way() -> None:
@@ -88,9 +96,14 @@ async def measure(n: int, snekbox_url: str, gateways: dict[str, str]) -> dict[st
             return way
 
         ways: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-            (DIRECT, via_direct),
+            (DIRECT, plain(direct)),
             ("direct prelude carried", via_prelude(carried)),
         ]
+        if snekbox_before is not None:
+            before = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=snekbox_before, trust_env=False, timeout=30)
+            )
+            ways.append((f"{DIRECT} before", plain(before)))
         answer = (await direct.post("/eval", json=resident)).json()
         if answer.get("returncode") == 0:
             ways.append(("direct prelude resident", via_prelude(resident)))
@@ -177,6 +190,7 @@ def main() -> None:
     )
     parser.add_argument("-n", type=int, default=200, help="calls per way (default 200)")
     parser.add_argument("--before", help="a checkout of the 'before' commit, for its gateway")
+    parser.add_argument("--snekbox-before", help="another Snekbox, its plain /eval beside")
     parser.add_argument("--log-level", default="info", help="the gateways' MCP_LOG_LEVEL")
     args = parser.parse_args()
     before = before_checkout(args.before)
@@ -200,7 +214,8 @@ def main() -> None:
             port = free_port()
             stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
             gateways[name] = f"http://127.0.0.1:{port}"
-        samples = asyncio.run(measure(args.n, snekbox_url, gateways))
+        before_url = args.snekbox_before and args.snekbox_before.rstrip("/")
+        samples = asyncio.run(measure(args.n, snekbox_url, gateways, before_url))
     report(samples, checkouts, args)
 
 
