@@ -10,9 +10,10 @@ same way, an uncaught exception printed without this file's frame, the same exit
 ends as the interpreter's shutdown does, short of tearing the modules down (see :func:`finish`).
 EOF without the marker: the sandbox was not used; it exits. The time limit starts at the write.
 
-``python <this file> --session <module>...`` is a session's interpreter (:func:`serve_cells`):
-cell after cell in one ``__main__``, each framed on fd 5, how each ended said on fd 6, until fd
-5 is closed. A warm agent becomes one when handed :data:`SESSION` instead of a run's arguments.
+``python <this file> [--watch=a,b] --session <module>...`` is a session's interpreter
+(:func:`serve_cells`): cell after cell in one ``__main__``, each framed on fd 5, how each ended
+(and whether it imported the watched modules) said on fd 6, until fd 5 is closed. A warm agent
+becomes one when handed :data:`SESSION` instead of a run's arguments.
 
 Standard library only, nothing of the evaluator: the sandbox's Python may not be the service's.
 """
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 WARM, RELEASE, REQUEST_FD = b"\x07", b"\xffrun\xff", 5
 # A session's frames on fd 5: a kind, the payload's length (4 bytes, big-endian), the payload.
 CELL, INTERRUPT = b"c", b"i"
-#: Where a session's interpreter writes each cell's status (4 bytes, big-endian, signed).
+#: Where a session's interpreter writes each cell's status (4 bytes, big-endian, signed), then the
+#: watched modules not imported ahead and those of them imported since (2-byte masks each).
 STATUS_FD = 6
 #: The status of a cell that ended by an uncaught KeyboardInterrupt, as a shell reports SIGINT.
 INTERRUPTED = 130
@@ -157,7 +159,7 @@ def finish(status: int, main: "ModuleType") -> None:
     os._exit(status & 0xFF)
 
 
-def serve_cells() -> None:
+def serve_cells(watched: "list[str]", unloaded: int) -> None:
     """Run cells in one ``__main__`` until fd 5 is closed; then exit.
 
     A thread reads fd 5 and hands each cell to the main thread, which runs it as :func:`run`
@@ -226,7 +228,9 @@ def serve_cells() -> None:
         if os.getpid() != agent:  # a child the cell forked, at the cell's end: it ends there
             os._exit(INTERRUPTED if status is None else status)
         status = _end_cell(signal, guard, (running, interrupted), status)
-        os.write(STATUS_FD, status.to_bytes(4, "big", signed=True))
+        used = unloaded & sum(1 << i for i, name in enumerate(watched) if name in sys.modules)
+        said = status.to_bytes(4, "big", signed=True) + (unloaded << 16 | used).to_bytes(4, "big")
+        os.write(STATUS_FD, said)
 
 
 def _end_cell(
@@ -239,7 +243,6 @@ def _end_cell(
     import time
 
     running, interrupted = flags
-
     while True:  # should the cell's own switch have met a KeyboardInterrupt: again
         try:
             signal.signal(signal.SIGINT, _between_cells)
@@ -382,18 +385,15 @@ def _run_cell(args: "list[str]", main: "ModuleType", interrupted: int = INTERRUP
 
 
 if __name__ == "__main__":
-    session = sys.argv[1:2] == ["--session"]
-    warm(sys.argv[2:] if session else sys.argv[1:])
+    argv = sys.argv[1:]
+    watched = argv.pop(0)[8:].split(",")[:16] if argv[:1] and argv[0][:8] == "--watch=" else []
+    session = argv[:1] == ["--session"]
+    warm(argv[1:] if session else argv)
+    unloaded = sum(1 << i for i, name in enumerate(watched) if name not in sys.modules)
     os.write(1, WARM)
-    if session:
-        serve_cells()
-    arguments = request()
-    if arguments == SESSION:
-        serve_cells()
+    if (arguments := SESSION if session else request()) == SESSION:
+        serve_cells(watched, unloaded)
     if not isinstance(arguments, list):
         os._exit(0)
-    try:  # a run, not a session: the code gets no descriptor of the service's
-        os.close(STATUS_FD)
-    except OSError:
-        pass
+    os.closerange(STATUS_FD, STATUS_FD + 1)  # a run: the code gets no descriptor of the service's
     finish(*run(arguments))

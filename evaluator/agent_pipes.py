@@ -5,7 +5,7 @@ ended by the release marker (:func:`.launch.write_args`), or :data:`._agent.SESS
 makes it a session's interpreter. A session's interpreter then reads frames there: a kind
 (:data:`._agent.CELL`, :data:`._agent.INTERRUPT`), the payload's length (4 bytes, big-endian)
 and the payload; it says how each cell ended on its status pipe (fd 6 inside): 4 bytes,
-big-endian, signed.
+big-endian, signed, then which watched modules it imported (:mod:`.preimports`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from .launch import encode_args
 
 __all__ = ["CellStatus", "cell_frame", "send_frame", "start_session", "write_within"]
 
-_STATUS_BYTES = 4
+#: A cell's status (4 bytes), then two masks of the watched modules (see _agent.STATUS_FD).
+_STATUS_BYTES = 8
 
 
 def cell_frame(args: Sequence[str]) -> bytes:
@@ -93,7 +94,15 @@ class CellStatus:
         """The cell's status; ``None`` when the agent did not say it (it is gone)."""
         if len(self._status) < _STATUS_BYTES:
             return None
-        return int.from_bytes(self._status, "big", signed=True)
+        return int.from_bytes(self._status[:4], "big", signed=True)
+
+    @property
+    def imports(self) -> tuple[int, int]:
+        """The watched modules the interpreter started without, and those of them imported
+        since (masks; see :mod:`.preimports`); none before the status is whole."""
+        if len(self._status) < _STATUS_BYTES:
+            return 0, 0
+        return int.from_bytes(self._status[4:6], "big"), int.from_bytes(self._status[6:], "big")
 
     @contextlib.contextmanager
     def watch(self) -> Iterator[asyncio.Future[None]]:

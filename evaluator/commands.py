@@ -13,6 +13,7 @@ from .config import EvaluatorConfig
 from .errors import InvalidExecutable
 from .host import HOME, interpreter_paths
 from .jail import SandboxView
+from .preimports import Preimports
 from .pythons import Interpreter
 from .run_packages import RunPackages
 from .sandbox import Sandbox
@@ -71,6 +72,8 @@ class CommandLines:
         self._resident = [(resident_prelude, RESIDENT_DIR)] if resident_prelude else []
         #: The digest of the prelude kept resident, said in ``GET /info`` (``None``: none).
         self.resident_prelude = prelude_digest() if resident_prelude else None
+        #: Which of ``preimport`` the next warm sandbox imports (what first cells use).
+        self.preimports = Preimports(config.preimport)
         #: matplotlib's font list, once built: its host file and its path in the sandbox.
         self.fontlist: tuple[str, str] | None = None
 
@@ -136,15 +139,16 @@ class CommandLines:
         )
 
     def agent_argv(self, workdir: Workdir, *, imports: bool = True) -> list[str]:
-        """bwrap's command line of a warm sandbox: the agent, with the modules it imports, and
-        the script loading the resident prelude ahead (``plotting.WARM_PATH``), if one is."""
+        """bwrap's command line of a warm sandbox: the agent, with the modules it imports now
+        (:attr:`preimports`), and the script loading the resident prelude ahead
+        (``plotting.WARM_PATH``), if one is."""
         executable = self._config.executable
         host, agent = self._agent(executable)
         ahead = [
-            *(self._config.preimport if imports else ()),
+            *(self.preimports.current() if imports else ()),
             *([WARM_PATH] if self._resident else []),
         ]
-        command = [executable, agent, *ahead]
+        command = [executable, agent, *self.preimports.watch_argument, *ahead]
         return self.argv(command, workdir, self._agent_binds(workdir, host, agent))
 
     def started_argv(self, workdir: Workdir) -> list[str]:
@@ -159,7 +163,8 @@ class CommandLines:
         as a cold one-shot run does (the warm sandboxes that sessions take have imported
         ``preimport`` while nothing waited)."""
         host, agent = self._agent(executable)
-        command = [executable, agent if self._view is not None else host, "--session"]
+        watch = self.preimports.watch_argument
+        command = [executable, agent if self._view is not None else host, *watch, "--session"]
         return self.argv(command, sandbox.workdir, self._agent_binds(sandbox.workdir, host, agent))
 
     def _agent(self, executable: str) -> tuple[str, str]:

@@ -218,7 +218,7 @@ class EvaluatorConfig(ConfigRules):
         Field(
             description="modules a warm sandbox imports before the code arrives (matplotlib with "
             "the Agg backend), comma-separated; empty: none (the interpreter is still started "
-            "ahead)"
+            "ahead). One the sessions' first cells stop importing is left out while they do"
         ),
         Flag(
             "modules a warm sandbox imports before the code arrives, comma-separated; empty: none",

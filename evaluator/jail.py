@@ -324,7 +324,7 @@ class JailedProcess:
             why = pump.output.decode("utf-8", "replace").strip()[:500] or "(no output)"
             raise RuntimeError(f"the session's interpreter did not start: {why}")
         if status.value is not None and self.alive:
-            return Outcome(status.value, pump.output, ended_by)
+            return Outcome(status.value, pump.output, ended_by, status.imports)
         # The agent is gone (or closed its status pipe): bwrap follows it in a moment.
         if self.alive and not await self._child.exits_within(_DRAIN_GRACE):
             self.kill()

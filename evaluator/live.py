@@ -83,6 +83,7 @@ class LiveSessions:
         ended_by: Which limit ended a cell whose interpreter died, read from its cgroup (a
             memory kill is told from the code's own SIGKILL there).
         add_layers: Makes package layers importable by the session's next cell.
+        observe: Told what each session's first cell imported (:meth:`.Preimports.observe`).
     """
 
     def __init__(
@@ -92,10 +93,12 @@ class LiveSessions:
         config: EvaluatorConfig,
         ended_by: Callable[[Outcome, RunCgroup | None], EndedBy | None],
         add_layers: Callable[[Sandbox, Sequence[Layer]], Awaitable[None]],
+        observe: Callable[[int, int], None],
     ) -> None:
         self._pool = pool
         self._agent_argv = agent_argv
         self._add_layers = add_layers
+        self._observe = observe
         self._config = config
         self._ended_by = ended_by
         # Held while a cell runs (its lock taken): never ended to make room, nor on expiry.
@@ -222,6 +225,7 @@ class LiveSessions:
                 written = await workdir.write_in(request.files)
         except WriteError as exc:
             return EvalResult(str(exc), None, session_ended=False)
+        first = workdir.fresh
         outcome = await session.sandbox.process.run_cell(
             args,
             time_limit=time_limit,
@@ -232,6 +236,8 @@ class LiveSessions:
             starting=not session.started,
         )
         session.started, workdir.fresh = True, False
+        if first:
+            self._observe(*outcome.imports)
         alive = session.sandbox.process.alive
         ended_by = outcome.ended_by if alive else self._ended_by(outcome, session.sandbox.cgroup)
         if cell is not None and cell.read_any:  # the rest of what was read in pieces

@@ -33,6 +33,7 @@ from typing import Any
 
 from ._agent import WARM
 from .jail import MOUNTED
+from .preimports import Preimports
 from .sandbox import Sandbox, SandboxMaker
 from .warming import Tier, WarmDemand, next_tier
 from .workdir import Workdir
@@ -54,10 +55,13 @@ _REFILL_DURING = 0.1
 
 class SandboxPool:
     """Keeps ``ready`` sandboxes of ``maker`` prepared (0: each run prepares its own), and
-    disposes of them through it."""
+    disposes of them through it; ``preimports``: what warm ones import now."""
 
-    def __init__(self, maker: SandboxMaker, *, ready: int) -> None:
+    def __init__(
+        self, maker: SandboxMaker, *, ready: int, preimports: Preimports | None = None
+    ) -> None:
         self._maker = maker
+        self._preimports = preimports
         self._target = ready
         self._ready: list[Sandbox] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -138,7 +142,21 @@ class SandboxPool:
             return None
         self.warm_taken += 1
         asyncio.get_running_loop().call_later(_REFILL_DURING, self.refill)
-        return tier.waiting.pop()
+        tier.waiting.sort(key=lambda sandbox: sandbox.generation)  # stable: the newest last
+        taken = tier.waiting.pop()
+        self._drop_stale()
+        return taken
+
+    def _drop_stale(self) -> None:
+        """Dispose of the warm sandboxes waiting that lack a module first cells use again (see
+        :mod:`.preimports`): the next are made with it. One was taken first: it still imported
+        more than a started one."""
+        if self._full is None or self._preimports is None:
+            return
+        generation = self._preimports.generation
+        for sandbox in [s for s in self._full.waiting if s.generation < generation]:
+            self._full.waiting.remove(sandbox)
+            self._spawn(self.dispose(sandbox))
 
     def start_warming(
         self,
@@ -236,6 +254,8 @@ class SandboxPool:
                 if sandbox is None:
                     break
                 tier.warming.append(sandbox)
+                if self._preimports is not None:
+                    sandbox.generation = self._preimports.generation
                 sandbox.process.release(tier.agent(sandbox.workdir), None)
                 sandbox.process.watch(self._watcher(sandbox, tier))
                 tier.bound_idle(sandbox)  # a busy host still warms it (see run_cgroup)

@@ -42,11 +42,13 @@ OnOutput = Callable[[bytes], None]
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a process ended: its exit status as a shell reports it, and its merged output."""
+    """How a process ended: its exit status as a shell reports it, and its merged output; for
+    a session's cell, which watched modules its interpreter imported (see :mod:`.preimports`)."""
 
     returncode: int
     output: bytes
     ended_by: Literal["exit", "time_limit", "output_limit", "interrupted"]
+    imports: tuple[int, int] = (0, 0)
 
 
 class OutputPump:

@@ -36,6 +36,8 @@ class Sandbox:
     process: JailedProcess
     user: tuple[int, int] | None
     warm: bool = False
+    #: A warm one's :attr:`.Preimports.generation` when its agent was started.
+    generation: int = 0
 
 
 # Seconds a disposal waits for a killed sandbox's init to die (see procfs.await_orphans).

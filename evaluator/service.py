@@ -228,8 +228,9 @@ class Evaluator:
             on_dispose=self._run_packages.remove_directory,
         )
         self._pool = pool
+        packages, preimports = self._run_packages, commands.preimports
         live = self._live = LiveSessions(
-            pool, commands.session_argv, config, ended_by, self._run_packages.add_layers
+            pool, commands.session_argv, config, ended_by, packages.add_layers, preimports.observe
         )
         self._dispatch = Dispatcher(
             self.config,

@@ -227,7 +227,8 @@ def make_pool(
         on_dispose=on_dispose,
         launcher=place_launcher(root),
     )
-    return SandboxPool(maker, ready=config.concurrency if config.prewarm else 0), nproc
+    ready = config.concurrency if config.prewarm else 0
+    return SandboxPool(maker, ready=ready, preimports=commands.preimports), nproc
 
 
 def log_lowered_nproc(config: EvaluatorConfig, nproc: int | None, users: RunUsers) -> None:

@@ -30,6 +30,7 @@ FAST_MODULES = frozenset(
         "tests.evaluator.test_deadlines",
         "tests.evaluator.test_errors",
         "tests.evaluator.test_meminfo",
+        "tests.evaluator.test_preimports",
         "tests.evaluator.test_pump",
         "tests.evaluator.test_run_slots",
         "tests.evaluator.test_warming",

@@ -84,10 +84,11 @@ class BareAgent:
             os.close(self.cells)
 
     def status(self) -> int | None:
-        """The next cell's status; ``None``: the agent wrote none within a minute."""
+        """The next cell's status; ``None``: the agent wrote none within a minute. (The masks
+        of the modules it watches follow: none are watched here.)"""
         ready, _, _ = select.select([self.statuses], [], [], 60)
-        data = os.read(self.statuses, 4) if ready else b""
-        return int.from_bytes(data, "big", signed=True) if len(data) == 4 else None
+        data = os.read(self.statuses, 8) if ready else b""
+        return int.from_bytes(data[:4], "big", signed=True) if len(data) == 8 else None
 
     def end(self) -> tuple[int | None, bytes]:
         """Its exit status (``None``: it did not exit within a minute) and all it printed."""

@@ -398,6 +398,48 @@ async def test_a_session_that_finds_no_warm_sandbox_starts_in_a_started_one() ->
         assert sorted(r.stdout for r in later) == ["False 1/3\n", "True 1/3\n"], later
 
 
+async def test_warm_sandboxes_import_only_what_first_cells_use() -> None:
+    """Sessions that start cold (no warm sandbox left, none started kept) import only fractions:
+    the warm sandboxes made next leave colorsys out. A first cell importing it brings it back,
+    and the warm sandboxes waiting without it are made again."""
+    probe = "import sys; print('colorsys' in sys.modules, 'fractions' in sys.modules)"
+    settings = config(
+        warm_sandboxes=2, warm_sandboxes_max=2, preimport=("fractions", "colorsys"), max_sessions=16
+    )
+    async with Evaluator(settings) as ev:
+        await until_warm(ev, 2)
+        assert ev._commands is not None and ev._pool is not None and ev._pool._full is not None
+        preimports, pool, waiting = ev._commands.preimports, ev._pool, ev._pool._full.waiting
+        first = "import fractions"
+        cells = [ev.run(EvalRequest(args=("-c", first), session=f"a{i}")) for i in range(4)]
+        assert [r.returncode for r in await asyncio.gather(*cells)] == [0] * 4
+        assert ev.warm_runs == 2, "a session found a warm sandbox it should not have"
+        assert preimports.current() == ("fractions",)
+        # Those warming while the cells ran import colorsys still; those made after do not.
+        seen = []
+        for i in range(3):
+            seen.append(
+                (await warm_request(ev, EvalRequest(args=("-c", probe), session=f"b{i}"))).stdout
+            )
+        assert "False True\n" in seen, seen
+
+        await until_warm(ev, 2)
+        cell = EvalRequest(args=("-c", probe + "; import colorsys"), session="c")
+        assert (await warm_request(ev, cell)).stdout == "False True\n"
+        assert (preimports.current(), preimports.generation) == (("fractions", "colorsys"), 1)
+        await until_warm(ev, 2)  # both made before the cell ended: without colorsys
+        taken = pool.take_warm()
+        assert taken is not None
+        assert all(s.generation == 1 for s in waiting), "a sandbox without colorsys still waits"
+        pool.retire(taken)
+        seen = []
+        for i in range(3):
+            seen.append(
+                (await warm_request(ev, EvalRequest(args=("-c", probe), session=f"d{i}"))).stdout
+            )
+        assert "True True\n" in seen, seen
+
+
 async def test_a_pool_asked_for_exactly_its_count_keeps_no_started_sandbox() -> None:
     """``EVALUATOR_WARM_SANDBOXES_MAX`` equal to the count: that many wait, all warm."""
     async with Evaluator(config(warm_sandboxes=1, warm_sandboxes_max=1, preimport=("json",))) as ev:
