@@ -1,6 +1,6 @@
 """The warm agent: the interpreter of a sandbox made ahead of time, importing before the code.
 
-bwrap runs it in a warm sandbox (``python <this file> <module>...``, the file bound read-only)
+bwrap runs it in a warm sandbox (``python <this file> [--watch=a,b] <module>...``, bound read-only)
 with the run's isolation and limits from the start. It imports the modules it is given and runs
 the files among them (absolute paths), output sent to ``/dev/null``, writes :data:`WARM` on
 stdout, then blocks reading the run's arguments from fd 5 (NUL-terminated, then the release

@@ -160,8 +160,8 @@ class CommandLines:
         """bwrap's command line of a session's agent started cold (see :mod:`.live`).
 
         It imports nothing ahead: its first cell waits for it, and imports only what it uses,
-        as a cold one-shot run does (the warm sandboxes that sessions take have imported
-        ``preimport`` while nothing waited)."""
+        as a cold one-shot run does (the warm sandboxes that sessions take have imported what
+        first cells use of ``preimport`` while nothing waited)."""
         host, agent = self._agent(executable)
         watch = self.preimports.watch_argument
         command = [executable, agent if self._view is not None else host, *watch, "--session"]

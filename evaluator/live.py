@@ -83,7 +83,7 @@ class LiveSessions:
         ended_by: Which limit ended a cell whose interpreter died, read from its cgroup (a
             memory kill is told from the code's own SIGKILL there).
         add_layers: Makes package layers importable by the session's next cell.
-        observe: Told what each session's first cell imported (:meth:`.Preimports.observe`).
+        observe: Told what a session's first cell imported (:meth:`.Preimports.observe`).
     """
 
     def __init__(
@@ -93,7 +93,7 @@ class LiveSessions:
         config: EvaluatorConfig,
         ended_by: Callable[[Outcome, RunCgroup | None], EndedBy | None],
         add_layers: Callable[[Sandbox, Sequence[Layer]], Awaitable[None]],
-        observe: Callable[[int, int], None],
+        observe: Callable[[tuple[str, ...], int, int], None],
     ) -> None:
         self._pool = pool
         self._agent_argv = agent_argv
@@ -236,8 +236,8 @@ class LiveSessions:
             starting=not session.started,
         )
         session.started, workdir.fresh = True, False
-        if first:
-            self._observe(*outcome.imports)
+        if first and session.executable == self._config.executable:  # the warm ones' Python
+            self._observe(session.sandbox.imports, *outcome.imports)
         alive = session.sandbox.process.alive
         ended_by = outcome.ended_by if alive else self._ended_by(outcome, session.sandbox.cgroup)
         if cell is not None and cell.read_any:  # the rest of what was read in pieces

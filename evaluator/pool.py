@@ -142,21 +142,20 @@ class SandboxPool:
             return None
         self.warm_taken += 1
         asyncio.get_running_loop().call_later(_REFILL_DURING, self.refill)
-        tier.waiting.sort(key=lambda sandbox: sandbox.generation)  # stable: the newest last
+        tier.waiting.sort(key=lambda sandbox: not self._lacks(sandbox))  # stable: newest last
         taken = tier.waiting.pop()
-        self._drop_stale()
+        if tier is self._full:
+            for sandbox in [s for s in tier.waiting if self._lacks(s)]:
+                tier.waiting.remove(sandbox)
+                self._spawn(self.dispose(sandbox))
         return taken
 
-    def _drop_stale(self) -> None:
-        """Dispose of the warm sandboxes waiting that lack a module first cells use again (see
-        :mod:`.preimports`): the next are made with it. One was taken first: it still imported
-        more than a started one."""
-        if self._full is None or self._preimports is None:
-            return
-        generation = self._preimports.generation
-        for sandbox in [s for s in self._full.waiting if s.generation < generation]:
-            self._full.waiting.remove(sandbox)
-            self._spawn(self.dispose(sandbox))
+    def _lacks(self, sandbox: Sandbox) -> bool:
+        """Whether a warm sandbox lacks a module first cells use again (see :mod:`.preimports`):
+        those waiting are made again (after a call took one: it imported more than a started
+        one)."""
+        wanted = self._preimports.current() if self._preimports is not None else ()
+        return not set(wanted) <= set(sandbox.imports)
 
     def start_warming(
         self,
@@ -254,8 +253,8 @@ class SandboxPool:
                 if sandbox is None:
                     break
                 tier.warming.append(sandbox)
-                if self._preimports is not None:
-                    sandbox.generation = self._preimports.generation
+                if tier is self._full and self._preimports is not None:
+                    sandbox.imports = self._preimports.current()  # as its command line says
                 sandbox.process.release(tier.agent(sandbox.workdir), None)
                 sandbox.process.watch(self._watcher(sandbox, tier))
                 tier.bound_idle(sandbox)  # a busy host still warms it (see run_cgroup)

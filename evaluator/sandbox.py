@@ -36,8 +36,8 @@ class Sandbox:
     process: JailedProcess
     user: tuple[int, int] | None
     warm: bool = False
-    #: A warm one's :attr:`.Preimports.generation` when its agent was started.
-    generation: int = 0
+    #: The modules a warm one's agent was given to import (see :mod:`.preimports`).
+    imports: tuple[str, ...] = ()
 
 
 # Seconds a disposal waits for a killed sandbox's init to die (see procfs.await_orphans).

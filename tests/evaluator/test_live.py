@@ -376,7 +376,7 @@ def test_a_warm_agent_told_to_become_a_session_finds_its_first_cell_behind() -> 
         with select_timeout(agent.stdout.fileno(), 60):
             assert agent.stdout.read(len(_agent.WARM) + 6) == _agent.WARM + b"first\n"
         with select_timeout(status_r, 60):
-            assert os.read(status_r, 4) == (0).to_bytes(4, "big")
+            assert os.read(status_r, 8) == bytes(8)  # status 0; nothing watched
     finally:
         os.close(request_w)  # EOF: the agent exits
         assert agent.wait(60) == 0
@@ -394,7 +394,7 @@ async def test_a_cell_that_writes_its_own_status_and_floods_holds_up_nothing(
     a status is the next cell's, which it takes past the limit, ending the interpreter as a
     flood does: a cell after that runs in a new one."""
     spoof = (
-        "import os, threading\nos.write(6, (0).to_bytes(4, 'big'))\n"
+        "import os, threading\nos.write(6, bytes(8))\n"
         "def flood():\n    while True:\n        os.write(1, b'x' * 65536)\n"
         "for _ in range(3):\n    threading.Thread(target=flood, daemon=True).start()\nflood()"
     )
