@@ -233,7 +233,9 @@ class EvaluatorConfig(ConfigRules):
             le=10_000,
             description="sandboxes kept warm (made with spare CPU), each used by one run; a "
             "run that finds none makes the evaluator keep one more, up to "
-            "`EVALUATOR_WARM_SANDBOXES_MAX`, one fewer after a minute without such a miss; as "
+            "`EVALUATOR_WARM_SANDBOXES_MAX`, one fewer after a minute without such a miss, and "
+            "waits for one still importing if it is halfway there (by the time recent ones "
+            "took) and imports what first cells use; as "
             "many *started* ones are kept beside them where that most is higher (the "
             "interpreter started, nothing imported but the gateway's prelude: about 5 MiB each), "
             "taken by a run that finds no warm one, and as many more, up to the same most, as "

@@ -108,7 +108,7 @@ class Dispatcher:
             # provide a module the environment has (maybe imported, maybe another version)
             # starts cold.
             warm = self._commands.warm_eligible(command) and self._packages.fits_warm(layers)
-            sandbox = (pool.take_warm() if warm else None) or pool.take()
+            sandbox = (await pool.take_warm() if warm else None) or pool.take()
             try:
                 return await self.run_in(sandbox, command, request, layers)
             except BaseException:
@@ -132,7 +132,7 @@ class Dispatcher:
         (the start-up check's)."""
         config = self._config
         written: dict[str, int] = {}
-        if await self._pool.ready(sandbox):
+        if await sandbox.ready():
             try:
                 if request.files:
                     written = await sandbox.workdir.write_in(request.files)

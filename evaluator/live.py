@@ -274,7 +274,7 @@ class LiveSessions:
             self._make_room(session_id, owner)
             # A warm sandbox runs the default interpreter, its modules imported.
             default = executable == self._config.executable
-            sandbox = self._pool.take_warm() if default else None
+            sandbox = await self._pool.take_warm() if default else None
             started = sandbox is not None
             if sandbox is not None:
                 if sandbox.cgroup is not None:
@@ -319,7 +319,7 @@ class LiveSessions:
         at once, and its run says whether the agent started (as a one-shot run's does)."""
         sandbox = self._pool.take(session=True)
         try:
-            if not await self._pool.ready(sandbox):
+            if not await sandbox.ready():
                 raise RuntimeError("the session's sandbox did not start")
             sandbox.process.release(self._agent_argv(sandbox, executable), None)
         except BaseException:

@@ -21,7 +21,7 @@ calls that come steadily find one warm:
   one agent's imports at most.
 
 How many are kept, of the warm ones and of the *started* ones (the agent up, nothing
-imported), and which is made next: see :mod:`.warming`. A run takes one only once it is ready.
+imported), which is made next, and when a run waits for one still warming: see :mod:`.warming`.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ _AFTER_ANSWER = 0.02
 #: answer has not made it already (a short run's answer goes first; a long run's does not
 #: keep the pool short meanwhile).
 _REFILL_DURING = 0.1
+#: Seconds a run waits at most for the warm sandbox it took as it warmed (see take_warm).
+_CLAIM_AT_MOST = 10.0
 
 
 class SandboxPool:
@@ -86,25 +88,6 @@ class SandboxPool:
         """
         return self._ready.pop() if self._ready else self.prepare(session=session)
 
-    async def ready(self, sandbox: Sandbox) -> bool:
-        """Wait until a sandbox's working directory is there to write in (see :meth:`take`).
-
-        ``False``: its launcher failed (it is killed; its output says why).
-        """
-        workdir = sandbox.workdir
-        if workdir.launcher_mount is None or workdir.mounted:
-            return True
-        try:
-            if await sandbox.process.mounted():
-                workdir.attach(sandbox.process.pid)
-                return True
-        except OSError:
-            log.exception(
-                "could not reach the working directory of sandbox %d", sandbox.process.pid
-            )
-        sandbox.process.kill()
-        return False
-
     @property
     def warm_count(self) -> int:
         """Warm sandboxes waiting for a run (besides those only started)."""
@@ -125,17 +108,22 @@ class SandboxPool:
         """Started sandboxes kept now (see the module: it follows demand too)."""
         return self._started.demand.target if self._started is not None else 0
 
-    def take_warm(self) -> Sandbox | None:
-        """A warm sandbox whose agent waits for its run, else a started one, if there is one;
+    async def take_warm(self) -> Sandbox | None:
+        """A warm sandbox whose agent waits for its run, else one far enough in its imports
+        (waited for: see :meth:`.warming.Tier.claimable`), else a started one, if there is one;
         a run that finds no warm one makes the pool keep one more, and one that finds neither
         one more started one (see :mod:`.warming`). The pool is refilled once
         the run has answered (:meth:`refill_soon`, when its slot is given back), or
         :data:`_REFILL_DURING` seconds into the run."""
-        if self._full is None:
+        full = self._full
+        if full is None:
             return None
-        if not self._full.waiting:
-            self._full.demand.missed()
-        tier = next((t for t in (self._full, self._started) if t and t.waiting), None)
+        if not full.waiting:
+            full.demand.missed()
+            claimable = full.claimable(self._preimports.current() if self._preimports else ())
+            if claimable is not None and (claimed := await self._claim(full, claimable)):
+                return claimed
+        tier = next((t for t in (full, self._started) if t and t.waiting), None)
         if tier is None:
             if self._started is not None:
                 self._started.demand.missed()
@@ -144,11 +132,32 @@ class SandboxPool:
         asyncio.get_running_loop().call_later(_REFILL_DURING, self.refill)
         tier.waiting.sort(key=lambda sandbox: not self._lacks(sandbox))  # stable: newest last
         taken = tier.waiting.pop()
-        if tier is self._full:
+        if tier is full:
             for sandbox in [s for s in tier.waiting if self._lacks(s)]:
                 tier.waiting.remove(sandbox)
                 self._spawn(self.dispose(sandbox))
         return taken
+
+    async def _claim(self, tier: Tier, sandbox: Sandbox) -> Sandbox | None:
+        """``sandbox``, still warming, once it is warm, given a run's CPU weight meanwhile;
+        ``None``: it failed, or took longer than :data:`_CLAIM_AT_MOST` (it is disposed of)."""
+        claim = tier.claim(sandbox)
+        if sandbox.cgroup is not None:
+            sandbox.cgroup.foreground()
+        self.refill()  # its replacement
+        warm = False
+        try:
+            async with asyncio.timeout(_CLAIM_AT_MOST):
+                warm = await claim
+        except TimeoutError:
+            pass
+        finally:
+            if not warm:  # failed, too slow, or the run was cancelled
+                tier.failed(sandbox)
+                sandbox.process.stop_watching()
+                self._spawn(self.dispose(sandbox))
+        self.warm_taken += int(warm)
+        return sandbox if warm else None
 
     def _lacks(self, sandbox: Sandbox) -> bool:
         """Whether a warm sandbox lacks a module first cells use again (see :mod:`.preimports`):
@@ -252,7 +261,7 @@ class SandboxPool:
                 sandbox = await self._make_off_loop(warm=True, session=True)
                 if sandbox is None:
                     break
-                tier.warming.append(sandbox)
+                tier.begin(sandbox)
                 if tier is self._full and self._preimports is not None:
                     sandbox.imports = self._preimports.current()  # as its command line says
                 sandbox.process.release(tier.agent(sandbox.workdir), None)
@@ -319,7 +328,7 @@ class SandboxPool:
         pending = bytearray()
 
         def on_output(chunk: bytes) -> bool:
-            if self._closing or sandbox not in tier.warming:  # aclose disposes of it
+            if self._closing or not tier.warms(sandbox):  # aclose disposes of it
                 return False
             pending.extend(chunk)
             while pending and expected and pending[:1] == expected[0]:
@@ -330,8 +339,7 @@ class SandboxPool:
                     except OSError as exc:
                         return self._warming_failed(sandbox, tier, f"its directory: {exc}".encode())
             if not expected:
-                tier.warming.remove(sandbox)
-                tier.waiting.append(sandbox)
+                tier.warmed(sandbox)
                 # The next may start now (so many at a time, see the module).
                 self.refill()
                 return False
@@ -350,13 +358,19 @@ class SandboxPool:
         )
         for kind in filter(None, (self._full, self._started)):
             kind.demand.stop()
-        tier.warming.remove(sandbox)
-        self._spawn(self.dispose(sandbox))
+        claimed = sandbox in tier.claimed
+        tier.failed(sandbox)
+        if not claimed:  # else its claim disposes of it
+            self._spawn(self.dispose(sandbox))
         return False
 
     async def aclose(self) -> None:
         """Wait for every disposal, then dispose of the ready sandboxes."""
         self._closing = True
+        for tier in filter(None, (self._full, self._started)):
+            for claim in tier.claimed.values():
+                if not claim.done():
+                    claim.set_result(False)  # its run disposes of it, and goes on without it
         if self._shrink_timer is not None:
             self._shrink_timer.cancel()
             self._shrink_timer = None

@@ -39,6 +39,23 @@ class Sandbox:
     #: The modules a warm one's agent was given to import (see :mod:`.preimports`).
     imports: tuple[str, ...] = ()
 
+    async def ready(self) -> bool:
+        """Wait until the working directory is there to write in (the launcher mounts it).
+
+        ``False``: its launcher failed (it is killed; its output says why).
+        """
+        workdir = self.workdir
+        if workdir.launcher_mount is None or workdir.mounted:
+            return True
+        try:
+            if await self.process.mounted():
+                workdir.attach(self.process.pid)
+                return True
+        except OSError:
+            log.exception("could not reach the working directory of sandbox %d", self.process.pid)
+        self.process.kill()
+        return False
+
 
 # Seconds a disposal waits for a killed sandbox's init to die (see procfs.await_orphans).
 _ORPHANS_WITHIN = 5.0

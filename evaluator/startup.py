@@ -376,7 +376,7 @@ async def build_fontlist(
     sandbox is disposed of, whether a list was built or not."""
     sandbox = pool.prepare()
     try:
-        await pool.ready(sandbox)
+        await sandbox.ready()
         sandbox.process.release(
             commands.argv([commands.default, "-c", _FONTLIST], sandbox.workdir), 60
         )

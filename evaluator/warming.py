@@ -14,12 +14,21 @@ kept follows the runs that started cold, as the warm ones follow those that foun
 (with the defaults, 2 to 8 of each). While fewer are kept than that, they are made first, and
 no warm one is begun meanwhile: under calls that come back to back, the spare CPU time goes
 to the sandboxes that can keep up with them.
+
+A run that finds no warm sandbox waiting takes one still importing, and waits for it, once it
+has been at it half the time recent ones took (:meth:`Tier.claimable`), if it imports what the
+sessions' first cells use: its code would otherwise import them again in a started sandbox, on
+the same CPUs that would finish these imports (given a run's CPU weight once taken). Under a
+load that outruns the CPUs (agents plotting at once), a run then waits a few tenths of a second
+where one started would take most of a second, and no import is done twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,6 +43,11 @@ __all__ = ["DEMAND_FACTOR", "SHRINK_AFTER", "Tier", "WarmDemand", "next_tier"]
 DEMAND_FACTOR = 4
 #: Seconds without a run that found none of a kind, after which one fewer of it is kept.
 SHRINK_AFTER = 60.0
+#: A run that finds no warm sandbox waiting takes one still importing (see
+#: :meth:`Tier.claimable`) once it has been at it this share of the time recent ones took.
+CLAIM_AFTER = 0.5
+#: Recent warm-ups whose time :meth:`Tier.claimable` goes by.
+_RECENT = 8
 
 
 class WarmDemand:
@@ -86,6 +100,66 @@ class Tier:
     demand: WarmDemand
     warming: list[Sandbox] = field(default_factory=list)
     waiting: list[Sandbox] = field(default_factory=list)
+    #: Those a run took while they warmed, done once warm (``False``: it failed).
+    claimed: dict[Sandbox, asyncio.Future[bool]] = field(default_factory=dict, repr=False)
+    #: When each warming one was released.
+    _since: dict[Sandbox, float] = field(default_factory=dict, init=False, repr=False)
+    #: Seconds recent ones took to get warm, none of them claimed.
+    _took: deque[float] = field(
+        default_factory=lambda: deque(maxlen=_RECENT), init=False, repr=False
+    )
+
+    def begin(self, sandbox: Sandbox) -> None:
+        """``sandbox`` is released to warm."""
+        self.warming.append(sandbox)
+        self._since[sandbox] = time.monotonic()
+
+    def warmed(self, sandbox: Sandbox) -> None:
+        """``sandbox`` got warm: to its claim, else to wait for a run."""
+        since = self._since.pop(sandbox, None)
+        claim = self.claimed.pop(sandbox, None)
+        if claim is not None:
+            if not claim.done():
+                claim.set_result(True)
+            return
+        self.warming.remove(sandbox)
+        self.waiting.append(sandbox)
+        if since is not None:
+            self._took.append(time.monotonic() - since)
+
+    def failed(self, sandbox: Sandbox) -> None:
+        """``sandbox`` did not get warm, or its claim gave up on it (it is disposed of)."""
+        self._since.pop(sandbox, None)
+        claim = self.claimed.pop(sandbox, None)
+        if claim is not None and not claim.done():
+            claim.set_result(False)
+        if sandbox in self.warming:
+            self.warming.remove(sandbox)
+
+    def warms(self, sandbox: Sandbox) -> bool:
+        """Whether ``sandbox`` is still being made (claimed or not)."""
+        return sandbox in self._since
+
+    def claimable(self, wanted: tuple[str, ...]) -> Sandbox | None:
+        """The longest warming sandbox that imports exactly ``wanted`` (modules the sessions'
+        first cells use, see :mod:`.preimports`), if it has been at it :data:`CLAIM_AFTER` of
+        the time recent ones took. A run that takes it waits for the rest of its imports
+        (given a run's CPU weight), where a started one would make its code import them all
+        again, on the same CPUs; but none that first cells do not use."""
+        if not wanted or len(self._took) < 2:
+            return None
+        enough = CLAIM_AFTER * statistics.median(self._took)
+        now = time.monotonic()
+        for sandbox in self.warming:
+            if sandbox.imports == wanted and now - self._since.get(sandbox, now) >= enough:
+                return sandbox
+        return None
+
+    def claim(self, sandbox: Sandbox) -> asyncio.Future[bool]:
+        """Take ``sandbox`` as it warms: done once it is warm."""
+        self.warming.remove(sandbox)
+        claim = self.claimed[sandbox] = asyncio.get_running_loop().create_future()
+        return claim
 
     @property
     def short(self) -> bool:

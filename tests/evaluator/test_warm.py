@@ -429,7 +429,7 @@ async def test_warm_sandboxes_import_only_what_first_cells_use() -> None:
             assert (await warm_request(ev, cell)).stdout == "False True\n"
         assert preimports.current() == ("fractions", "colorsys")
         await until_warm(ev, 2)  # both made before the last cell ended: without colorsys
-        taken = pool.take_warm()
+        taken = await pool.take_warm()
         assert taken is not None
         assert all("colorsys" in s.imports for s in waiting), "one without colorsys still waits"
         pool.retire(taken)

@@ -53,3 +53,63 @@ def test_started_sandboxes_short_hold_back_warm_ones() -> None:
     assert next_tier(full, started, cpu_controller=False, spare_cpu=lambda: False) is None
     assert next_tier(full, started, cpu_controller=False, spare_cpu=lambda: True) is full
     assert next_tier(full, None, cpu_controller=True, spare_cpu=lambda: False) is full
+
+
+class Placeholder:
+    """A sandbox as the claim policy sees it: what its agent imports."""
+
+    def __init__(self, imports: tuple[str, ...]) -> None:
+        self.imports = imports
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+async def test_a_run_claims_a_sandbox_far_enough_in_the_imports_first_cells_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No warm-up timed yet: none is claimed. Then one that has warmed half the time recent
+    ones took, and imports what first cells use; a claimed one is nobody else's, and once warm
+    it goes to its run, not to wait for one."""
+    clock = Clock()
+    monkeypatch.setattr(warming, "time", clock)
+    kind = tier(2)
+    numpy, both = ("numpy",), ("numpy", "pandas")
+    first, second = (cast(Sandbox, Placeholder(numpy)) for _ in range(2))
+    kind.begin(first)
+    kind.begin(second)
+    assert kind.claimable(numpy) is None  # nothing to go by
+    clock.now = 1.0
+    kind.warmed(first)
+    kind.warmed(second)
+    assert kind.waiting == [first, second]
+
+    early, heavier, late = (cast(Sandbox, Placeholder(m)) for m in (numpy, both, numpy))
+    kind.begin(early)
+    kind.begin(heavier)
+    clock.now = 1.4
+    kind.begin(late)
+    assert kind.claimable(numpy) is None  # 0.4 s of the 1 s they took
+    clock.now = 1.6
+    assert kind.claimable(numpy) is early
+    assert kind.claimable(both) is heavier  # not one importing pandas when pandas is used
+    assert kind.claimable(()) is None  # first cells use none: a started one imports nothing
+
+    claim = kind.claim(early)
+    assert early not in kind.warming and kind.warms(early)
+    assert kind.claimable(numpy) is None  # the late one: 0.2 s
+    clock.now = 3.0
+    kind.warmed(early)
+    assert claim.done() and claim.result() is True
+    assert early not in kind.waiting and not kind.warms(early)
+    assert kind.claimable(numpy) is late
+
+    given_up = kind.claim(late)
+    kind.failed(late)
+    kind.failed(late)  # once disposed of, again: nothing left of it
+    assert given_up.result() is False and not kind.warms(late) and late not in kind.warming
