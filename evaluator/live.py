@@ -260,18 +260,14 @@ class LiveSessions:
 
     async def _start(self, session_id: str, executable: str, owner: str | None) -> _Session:
         """The session's interpreter, started (once, however many runs ask at the same time),
-        counted against ``owner``.
-
-        Raises:
-            SessionsFull: no session that could end to make room is idle.
-        """
+        counted against ``owner``. Raises :class:`.SessionsFull`: no session that could end to
+        make room is idle (a sandbox taken meanwhile is disposed of)."""
         starting = self._starting.get(session_id)
         if starting is not None:
             return await asyncio.shield(starting)
         future: asyncio.Future[_Session] = asyncio.get_running_loop().create_future()
         self._starting[session_id] = future
         try:
-            self._make_room(session_id, owner)
             # A warm sandbox runs the default interpreter, its modules imported.
             default = executable == self._config.executable
             sandbox = await self._pool.take_warm() if default else None
@@ -282,9 +278,13 @@ class LiveSessions:
                 sandbox.process.become_session()
             else:
                 sandbox = await self._start_cold(executable)
-            if self._closed:  # the service stopped while it started
+            try:  # after the waits (one still warming): sessions started meanwhile count
+                if self._closed:  # the service stopped while it started
+                    raise RuntimeError("the evaluator is stopping")
+                self._make_room(session_id, owner)
+            except BaseException:
                 self._pool.retire(sandbox)
-                raise RuntimeError("the evaluator is stopping")
+                raise
             hold = IdleHold(sandbox.process.pid, sandbox.cgroup)
             session = _Session(session_id, sandbox, executable, owner, hold, started=started)
             self._table.add(session_id, session, owner)

@@ -9,19 +9,9 @@ cgroup removal) runs in the background once the answer is produced, always, and
 Warm sandboxes (:meth:`SandboxPool.start_warming`) go further: bwrap and the interpreter are
 started, and the agent (:mod:`._agent`) imports the modules a run is likely to need, before the
 run arrives. They are made with spare CPU only, and made again as soon as one is taken, so that
-calls that come steadily find one warm:
-
-- with a cpu controller, in a cgroup of the least CPU weight until it is used (and first
-  under ``SCHED_IDLE``, see :mod:`.run_cgroup`): their imports take only CPU time no run
-  wants, so they are made at once, however busy the service is, of each kind (see
-  :mod:`.warming`) as many at a time as the service has CPUs (more would share the spare CPU
-  time, each ready later);
-- without one, one at a time, started only while fewer runs are in progress than the service
-  has CPUs (a run's end tries again, once its answer has gone): a run then shares a CPU with
-  one agent's imports at most.
-
-How many are kept, of the warm ones and of the *started* ones (the agent up, nothing
-imported), which is made next, and when a run waits for one still warming: see :mod:`.warming`.
+calls that come steadily find one warm. How many are kept, of the warm ones and of the
+*started* ones (the agent up, nothing imported), which is made next and how, and when a run
+waits for one still warming: see :mod:`.warming`.
 """
 
 from __future__ import annotations
@@ -140,22 +130,26 @@ class SandboxPool:
 
     async def _claim(self, tier: Tier, sandbox: Sandbox) -> Sandbox | None:
         """``sandbox``, still warming, once it is warm, given a run's CPU weight meanwhile;
-        ``None``: it failed, or took longer than :data:`_CLAIM_AT_MOST` (it is disposed of)."""
+        ``None``: it failed, or took longer than :data:`_CLAIM_AT_MOST` (it is disposed of).
+        Raises ``RuntimeError``: the pool closed meanwhile."""
         claim = tier.claim(sandbox)
-        if sandbox.cgroup is not None:
-            sandbox.cgroup.foreground()
-        self.refill()  # its replacement
         warm = False
         try:
+            if sandbox.cgroup is not None:  # again once it runs: it may enter SCHED_IDLE late
+                sandbox.cgroup.foreground(settled=False)
+            self.refill()  # its replacement
             async with asyncio.timeout(_CLAIM_AT_MOST):
                 warm = await claim
         except TimeoutError:
             pass
         finally:
-            if not warm:  # failed, too slow, or the run was cancelled
+            if not warm:  # failed, too slow, the pool closing, or the run cancelled
                 tier.failed(sandbox)
                 sandbox.process.stop_watching()
+                sandbox.process.kill()  # now: a loop shutting down may never run the disposal
                 self._spawn(self.dispose(sandbox))
+        if not warm and self._closing:  # else the run would make a sandbox the pool never sees
+            raise RuntimeError("the evaluator is stopping")
         self.warm_taken += int(warm)
         return sandbox if warm else None
 
@@ -367,21 +361,20 @@ class SandboxPool:
     async def aclose(self) -> None:
         """Wait for every disposal, then dispose of the ready sandboxes."""
         self._closing = True
-        for tier in filter(None, (self._full, self._started)):
-            for claim in tier.claimed.values():
-                if not claim.done():
-                    claim.set_result(False)  # its run disposes of it, and goes on without it
+        tiers = [tier for tier in (self._full, self._started) if tier is not None]
+        for claim in (claim for tier in tiers for claim in tier.claimed.values()):
+            if not claim.done():
+                claim.set_result(False)  # its run disposes of it (awaited below)
         if self._shrink_timer is not None:
             self._shrink_timer.cancel()
             self._shrink_timer = None
-        while self._tasks:
+        while self._tasks or any(tier.claimed for tier in tiers):
             # Removed here, not only by their done callbacks: gathering tasks that are all done
             # already returns without yielding to the loop, which would never run those
-            # callbacks, and this loop would spin for ever (seen on CPython 3.13).
+            # callbacks (nor a claim's run), and this loop would spin for ever (seen on 3.13).
             tasks = list(self._tasks)
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, asyncio.sleep(0.01), return_exceptions=True)
             self._tasks.difference_update(tasks)
-        tiers = [tier for tier in (self._full, self._started) if tier is not None]
         for waiting in (self._ready, *(kept for t in tiers for kept in (t.waiting, t.warming))):
             while waiting:
                 await self.dispose(waiting.pop())

@@ -73,13 +73,16 @@ class RunCgroup:
         """Whether a cpu controller weighs it: :meth:`background` then lowers its share."""
         return self._weight is not None
 
-    def foreground(self) -> None:
-        """Give a cgroup made or put in the background the CPU weight of every run."""
+    def foreground(self, *, settled: bool = True) -> None:
+        """Give a cgroup made or put in the background the CPU weight of every run, its threads
+        out of ``SCHED_IDLE``; ``settled=False``: its launcher may not have entered it yet (a
+        sandbox taken as it warms), so the next call takes them out again."""
         if self._weight is not None and self._background:
             file, value = self._weight
             file.write_text(value)
             self._background = False
-            self.leave_idle()
+        self.leave_idle()
+        if settled:
             self.starts_idle = False
 
     def leave_idle(self) -> None:

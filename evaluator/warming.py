@@ -5,6 +5,16 @@ to ``most`` (``EVALUATOR_WARM_SANDBOXES_MAX``): each run that wanted a warm sand
 none adds one; after :data:`SHRINK_AFTER` seconds without such a miss, one fewer, down to
 ``count`` again (an idle service gives the memory back).
 
+They are made with spare CPU only:
+
+- with a cpu controller, in a cgroup of the least CPU weight until it is used (and first
+  under ``SCHED_IDLE``, see :mod:`.run_cgroup`): their imports take only CPU time no run
+  wants, so they are made at once, however busy the service is, of each kind as many at a
+  time as the service has CPUs (more would share the spare CPU time, each ready later);
+- without one, one at a time, started only while fewer runs are in progress than the service
+  has CPUs (a run's end tries again, once its answer has gone): a run then shares a CPU with
+  one agent's imports at most.
+
 When they import modules (``EVALUATOR_PREIMPORT``), *started* sandboxes are kept beside them
 (none when ``most`` is ``count``): the interpreter and agent started, nothing imported but the
 gateway's prelude (about 5 MiB, a few hundredths of a CPU-second to make, where a warm one
@@ -20,7 +30,9 @@ has been at it half the time recent ones took (:meth:`Tier.claimable`), if it im
 sessions' first cells use: its code would otherwise import them again in a started sandbox, on
 the same CPUs that would finish these imports (given a run's CPU weight once taken). Under a
 load that outruns the CPUs (agents plotting at once), a run then waits a few tenths of a second
-where one started would take most of a second, and no import is done twice.
+where one started would take most of a second. Until two warm-ups were timed, none is taken
+early; one that fails, or is not warm within seconds, is disposed of and the run goes on
+without it.
 """
 
 from __future__ import annotations
@@ -104,7 +116,7 @@ class Tier:
     claimed: dict[Sandbox, asyncio.Future[bool]] = field(default_factory=dict, repr=False)
     #: When each warming one was released.
     _since: dict[Sandbox, float] = field(default_factory=dict, init=False, repr=False)
-    #: Seconds recent ones took to get warm, none of them claimed.
+    #: Seconds recent ones took to get warm.
     _took: deque[float] = field(
         default_factory=lambda: deque(maxlen=_RECENT), init=False, repr=False
     )
@@ -117,6 +129,8 @@ class Tier:
     def warmed(self, sandbox: Sandbox) -> None:
         """``sandbox`` got warm: to its claim, else to wait for a run."""
         since = self._since.pop(sandbox, None)
+        if since is not None:  # claimed ones too: under a steady load, all may be
+            self._took.append(time.monotonic() - since)
         claim = self.claimed.pop(sandbox, None)
         if claim is not None:
             if not claim.done():
@@ -124,8 +138,6 @@ class Tier:
             return
         self.warming.remove(sandbox)
         self.waiting.append(sandbox)
-        if since is not None:
-            self._took.append(time.monotonic() - since)
 
     def failed(self, sandbox: Sandbox) -> None:
         """``sandbox`` did not get warm, or its claim gave up on it (it is disposed of)."""
