@@ -268,6 +268,7 @@ class LiveSessions:
         future: asyncio.Future[_Session] = asyncio.get_running_loop().create_future()
         self._starting[session_id] = future
         try:
+            self._make_room(session_id, owner)  # a refusal costs no sandbox
             # A warm sandbox runs the default interpreter, its modules imported.
             default = executable == self._config.executable
             sandbox = await self._pool.take_warm() if default else None
@@ -278,7 +279,7 @@ class LiveSessions:
                 sandbox.process.become_session()
             else:
                 sandbox = await self._start_cold(executable)
-            try:  # after the waits (one still warming): sessions started meanwhile count
+            try:  # again after the waits (one still warming): sessions started meanwhile
                 if self._closed:  # the service stopped while it started
                     raise RuntimeError("the evaluator is stopping")
                 self._make_room(session_id, owner)
