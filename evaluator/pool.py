@@ -110,7 +110,7 @@ class SandboxPool:
             return None
         if not full.waiting:
             full.demand.missed()
-            claimable = full.claimable(self._preimports.current() if self._preimports else ())
+            claimable = full.claimable(self._wanted())
             if claimable is not None and (claimed := await self._claim(full, claimable)):
                 return claimed
         tier = next((t for t in (full, self._started) if t and t.waiting), None)
@@ -157,8 +157,11 @@ class SandboxPool:
         """Whether a warm sandbox lacks a module first cells use again (see :mod:`.preimports`):
         those waiting are made again (after a call took one: it imported more than a started
         one)."""
-        wanted = self._preimports.current() if self._preimports is not None else ()
-        return not set(wanted) <= set(sandbox.imports)
+        return not set(self._wanted()) <= set(sandbox.imports)
+
+    def _wanted(self) -> tuple[str, ...]:
+        """The modules warm sandboxes import now (see :mod:`.preimports`)."""
+        return self._preimports.current() if self._preimports is not None else ()
 
     def start_warming(
         self,
