@@ -7,6 +7,9 @@ host makes everything wait for, and it is steadier than wall time on a shared ma
 
 - ``floor``: a bare ``MCPServer`` (``_floor_server.py``: no middleware, no sessions) whose
   ``execute_python_code`` returns ``"1\\n"``;
+- ``seed-like``: the same bare server, whose tool posts ``{"input": code}`` to the stand-in below
+  and returns its stdout (``_floor_server.py --snekbox-url``): the least a gateway in front of
+  Snekbox can cost (issue 31 compares with seed 004, as ``bench_snekbox.py`` does);
 - ``gateway`` (this tree) and, with ``--before DIR``, another checkout's: each with
   ``SNEKBOX_URL`` set to ``_instant_snekbox.py``, a stand-in that answers every ``POST /eval``
   with ``print(1)``'s result at once, and its default ``MCP_LOG_LEVEL`` (one line per call).
@@ -46,6 +49,7 @@ from mcp.client.sse import sse_client
 
 HERE = Path(__file__).resolve().parent
 FLOOR = "floor"
+SEED_LIKE = "seed-like"
 
 
 @dataclass
@@ -151,7 +155,24 @@ def main() -> None:
                 quiet=True,
             )
         )
-        servers = {FLOOR: (floor.pid, f"http://127.0.0.1:{floor_port}")}
+        seed_port = free_port()
+        seed_like = stack.enter_context(
+            python_server(
+                [
+                    str(HERE / "_floor_server.py"),
+                    "--port",
+                    str(seed_port),
+                    "--snekbox-url",
+                    standin,
+                ],
+                f"GET http://127.0.0.1:{seed_port}/healthz",
+                quiet=True,
+            )
+        )
+        servers = {
+            FLOOR: (floor.pid, f"http://127.0.0.1:{floor_port}"),
+            SEED_LIKE: (seed_like.pid, f"http://127.0.0.1:{seed_port}"),
+        }
         env = {"SNEKBOX_URL": standin, "MCP_LOG_LEVEL": args.log_level}
         for name, checkout in checkouts.items():
             port = free_port()

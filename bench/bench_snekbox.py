@@ -28,11 +28,14 @@ stack, client and server, around a tool call that runs no gateway code and no ev
 (``git worktree add /tmp/bench-before <commit>``). ``--snekbox-before URL`` adds another
 Snekbox's plain ``POST /eval`` (``direct /eval before``: an image built before a change to it,
 such as docker/snekbox/usercustomize.py, run beside the new one), whose difference from
-``direct /eval`` is what the change to the image gave every run. ``--log-level`` is the gateways'
-``MCP_LOG_LEVEL`` (default ``info``, the gateway's own default: one log line per call).
+``direct /eval`` is what the change to the image gave every run. With both, the "before"
+gateway is in front of that Snekbox (an image whose resident prelude is the older checkout's).
+``--log-level`` is the gateways' ``MCP_LOG_LEVEL`` (default ``info``, the gateway's own
+default: one log line per call). ``--plot`` runs :data:`PLOT` (numpy and pyplot, one figure, which
+the gateways return as an image) in place of ``print(1)``.
 
     uv run python bench/bench_snekbox.py --snekbox-url http://127.0.0.1:8060 [-n 200]
-        [--before DIR] [--snekbox-before http://127.0.0.1:8061] [--log-level info]
+        [--before DIR] [--snekbox-before http://127.0.0.1:8061] [--log-level info] [--plot]
 """
 
 from __future__ import annotations
@@ -66,24 +69,37 @@ DIRECT = "direct /eval"
 SEED_LIKE = "seed-like"
 #: Marks the ways that run no code: printed apart, as absolute times.
 FLOOR = " (floor)"
+#: ``--plot``: what an agent's plotting call runs (``bench_plot.py``'s script), in place of
+#: ``print(1)``.
+PLOT = (
+    "import numpy as np, matplotlib.pyplot as plt; x = np.linspace(0, 10, 10000); "
+    "plt.plot(x, np.sin(x)); plt.title('bench'); plt.show()"
+)
+#: What each code prints.
+STDOUT = {"print(1)": "1\n", PLOT: ""}
 
 
 async def measure(
-    n: int, snekbox_url: str, gateways: dict[str, str], snekbox_before: str | None = None
+    n: int,
+    snekbox_url: str,
+    gateways: dict[str, str],
+    code: str,
+    snekbox_before: str | None = None,
 ) -> dict[str, list[float]]:
-    """``gateways``: a name for each gateway's URL; each is called over both transports."""
+    """``gateways``: a name for each gateway's URL; each is called over both transports, each
+    way running ``code``."""
     async with AsyncExitStack() as stack:
         direct = await stack.enter_async_context(
             httpx.AsyncClient(base_url=snekbox_url, trust_env=False, timeout=30)
         )
-        carried = plotting.build_request("print(1)").to_json()
-        resident = plotting.build_request("print(1)", resident=True).to_json()
+        carried = plotting.build_request(code).to_json()
+        resident = plotting.build_request(code, resident=True).to_json()
 
         def plain(client: httpx.AsyncClient) -> Callable[[], Awaitable[None]]:
             async def way() -> None:
-                response = await client.post("/eval", json={"input": "print(1)"})
+                response = await client.post("/eval", json={"input": code})
                 response.raise_for_status()
-                assert response.json()["stdout"] == "1\n", response.text
+                assert response.json()["stdout"] == STDOUT[code], response.text
 
             return way
 
@@ -91,7 +107,7 @@ async def measure(
             async def way() -> None:
                 response = await direct.post("/eval", json=body)
                 response.raise_for_status()
-                assert response.json()["stdout"] == "1\n", response.text
+                assert response.json()["stdout"] == STDOUT[code], response.text
 
             return way
 
@@ -114,8 +130,8 @@ async def measure(
             http = await stack.enter_async_context(Client(f"{url}/mcp"))
             sse = await stack.enter_async_context(Client(sse_client(f"{url}/sse")))
             ways += [
-                (f"{name} HTTP", via(http)),
-                (f"{name} SSE", via(sse)),
+                (f"{name} HTTP", via(http, code, name == SEED_LIKE)),
+                (f"{name} SSE", via(sse, code, name == SEED_LIKE)),
                 (f"{name} HTTP no tool{FLOOR}", no_tool(http)),
                 (f"{name} SSE no tool{FLOOR}", no_tool(sse)),
             ]
@@ -131,14 +147,17 @@ async def measure(
     return samples
 
 
-def via(client: Client) -> Callable[[], Awaitable[None]]:
-    """Calls of the tool, each without ``session_id`` (a new code session each)."""
-    arguments: dict[str, Any] = {"code": "print(1)"}
+def via(client: Client, code: str, seed_like: bool) -> Callable[[], Awaitable[None]]:
+    """Calls of the tool, each without ``session_id`` (a new code session each); the plot's
+    figure comes back as an image (the seed-like gateway returns none)."""
+    arguments: dict[str, Any] = {"code": code}
 
     async def call() -> None:
         result = await client.call_tool("execute_python_code", arguments)
         text = [block.text for block in result.content if block.type == "text"]
-        assert not result.is_error and text and text[0].startswith("1\n"), result
+        images = [block for block in result.content if block.type == "image"]
+        assert not result.is_error and text and text[0].startswith(STDOUT[code]), result
+        assert len(images) == (code == PLOT and not seed_like), result
 
     return call
 
@@ -157,7 +176,8 @@ def report(samples: dict[str, list[float]], checkouts: dict[str, Path], args: An
     base50 = statistics.median(samples[DIRECT])
     base95 = percentile(samples[DIRECT], 95)
     print(
-        f"print(1), {args.n} calls each way, interleaved; times in ms; gateways on "
+        f"{'a plot' if args.plot else 'print(1)'}, {args.n} calls each way, interleaved; times "
+        "in ms; gateways on "
         f"SNEKBOX_URL={args.snekbox_url}, MCP_LOG_LEVEL={args.log_level}"
     )
     for name, checkout in checkouts.items():
@@ -192,6 +212,7 @@ def main() -> None:
     parser.add_argument("--before", help="a checkout of the 'before' commit, for its gateway")
     parser.add_argument("--snekbox-before", help="another Snekbox, its plain /eval beside")
     parser.add_argument("--log-level", default="info", help="the gateways' MCP_LOG_LEVEL")
+    parser.add_argument("--plot", action="store_true", help="run PLOT rather than print(1)")
     args = parser.parse_args()
     before = before_checkout(args.before)
     snekbox_url = args.snekbox_url.rstrip("/")
@@ -210,12 +231,15 @@ def main() -> None:
             )
         )
         gateways = {SEED_LIKE: f"http://127.0.0.1:{seed_port}"}
+        before_url = args.snekbox_before and args.snekbox_before.rstrip("/")
         for name, checkout in checkouts.items():
             port = free_port()
+            if name == "before" and before_url:  # each gateway's prelude resident in its image
+                env = env | {"SNEKBOX_URL": before_url}
             stack.enter_context(service_of(checkout, "python_mcp_server", port, env=env))
             gateways[name] = f"http://127.0.0.1:{port}"
-        before_url = args.snekbox_before and args.snekbox_before.rstrip("/")
-        samples = asyncio.run(measure(args.n, snekbox_url, gateways, before_url))
+        code = PLOT if args.plot else "print(1)"
+        samples = asyncio.run(measure(args.n, snekbox_url, gateways, code, before_url))
     report(samples, checkouts, args)
 
 
