@@ -57,7 +57,8 @@ def warm(names: "list[str]") -> None:
         os.dup2(devnull, fd)
     try:
         compile("", "<warm>", "exec")  # the first compile() builds the AST types (~1 ms)
-        for name in names:
+        # Their C code's runs end by C's exit() through ctypes (finish(), the prelude's end).
+        for name in [*names, "ctypes"] if any(n[:1] != "/" for n in names) else names:
             try:
                 if name.startswith("/"):
                     with open(name, "rb") as file:
@@ -139,9 +140,7 @@ def finish(status: int, main: "ModuleType") -> None:
             shutdown()
         except BaseException:
             pass
-    import atexit
-
-    atexit._run_exitfuncs()
+    __import__("atexit")._run_exitfuncs()
     try:
         main.__dict__.clear()
     except BaseException:
@@ -152,10 +151,13 @@ def finish(status: int, main: "ModuleType") -> None:
         except BaseException:
             status = 120 if status == 0 else status  # python's status when stdout cannot flush
     if status == -2:
-        import signal
-
+        signal = __import__("signal")
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+    try:  # C's exit() where ctypes is: C code's stdio buffers, exit handlers (no Python runs on:
+        sys.modules["ctypes"].PyDLL(None).exit(status & 0xFF)  # PyDLL holds the GIL)
+    except BaseException:
+        pass
     os._exit(status & 0xFF)
 
 
@@ -353,9 +355,7 @@ def add_packages() -> None:
                 "imports the added version)\n"
             )
     if added:
-        import importlib
-
-        importlib.invalidate_caches()
+        __import__("importlib").invalidate_caches()
 
 
 def _run_cell(args: "list[str]", main: "ModuleType", interrupted: int = INTERRUPTED) -> int:

@@ -23,6 +23,8 @@ RESIDENT_DIR = "/snekbox/user_base/share/mcp-prelude"
 #: Beside the resident preludes: what a warm sandbox's interpreter runs to load its own ahead.
 WARM_PATH = f"{RESIDENT_DIR}/warm.py"
 
+#: The prelude's parts: one module made of their statements, in this order.
+_PRELUDE_PARTS = ("_prelude", "_ending")
 #: The support module's parts, each after those it imports, and the module itself last (named
 #: ``""`` in the bundle): see ``_support.py``.
 _SUPPORT_PARTS = ("_output", "_tracebacks", "_figures", "_imports", "_manifest", "_support")
@@ -40,10 +42,11 @@ class Parts:
 
     def __init__(self) -> None:
         boot = _without_docstring((_HERE / "_boot.py").read_bytes())
-        sources = [(_HERE / f"{name}.py").read_bytes() for name in ("_prelude", *_SUPPORT_PARTS)]
-        prelude_code, prelude = _compiled_and_source(sources[0], "<mcp-prelude>")
+        ours = [(_HERE / f"{name}.py").read_bytes() for name in _PRELUDE_PARTS]
+        sources = [(_HERE / f"{name}.py").read_bytes() for name in _SUPPORT_PARTS]
+        prelude_code, prelude = _compiled_and_source("<mcp-prelude>", *ours)
         names = [*_SUPPORT_PARTS[:-1], ""]
-        parts = [_compiled_and_source(source, "<mcp-support>") for source in sources[1:]]
+        parts = [_compiled_and_source("<mcp-support>", source) for source in sources]
         codes = tuple(zip(names, (code for code, _ in parts), strict=True))
         texts = tuple(zip(names, (text for _, text in parts), strict=True))
         self.boot = boot
@@ -56,7 +59,7 @@ class Parts:
         )
         # This file too: it decides what the bundle holds.
         making = (_HERE / "_bundle.py").read_bytes()
-        self.digest = hashlib.sha256(b"\0".join([boot, making, *sources])).digest()[:16]
+        self.digest = hashlib.sha256(b"\0".join([boot, making, *ours, *sources])).digest()[:16]
 
     def head(self, code: bytes) -> bytes:
         """The bundle's head for ``code``, padded to whole base64 quanta (``marshal`` ignores
@@ -108,13 +111,13 @@ def _without_docstring(source: bytes) -> bytes:
     return b"\n" * end + b"".join(lines[end:])
 
 
-def _compiled_and_source(source: bytes, filename: str) -> tuple[CodeType, bytes]:
-    """A module's code, compiled here, and its source, as they travel: with
-    no docstrings, annotations or comments, which nothing reads at run time (bytes each run
-    would pay for), nor what ``if TYPE_CHECKING:`` imports. Line numbers are the file's in the
-    code, not in the source."""
-    tree = ast.parse(source, filename)
-    for node in ast.walk(tree):
+def _compiled_and_source(filename: str, *sources: bytes) -> tuple[CodeType, bytes]:
+    """A module's code, compiled here, and its source, as they travel: the statements of
+    ``sources``, in order, with no docstrings, annotations or comments, which nothing reads at
+    run time (bytes each run would pay for), nor what ``if TYPE_CHECKING:`` imports. Line
+    numbers are each file's in the code, not in the source."""
+    trees = [ast.parse(source, filename) for source in sources]
+    for node in (node for tree in trees for node in ast.walk(tree)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             node.returns = None
             arguments = node.args
@@ -137,6 +140,7 @@ def _compiled_and_source(source: bytes, filename: str) -> tuple[CodeType, bytes]
                     statements[index] = ast.copy_location(assign, statement)
             if field == "body" and not statements:
                 statements.append(ast.copy_location(ast.Pass(), node))
+    tree = ast.Module([statement for part in trees for statement in part.body], [])
     ast.fix_missing_locations(tree)
     code = compile(tree, filename, "exec", dont_inherit=True, optimize=2)  # asserts: none
     return code, ast.unparse(tree).encode()

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from io import BufferedIOBase
     from types import CodeType, ModuleType
 
+    from ._ending import end_run  # the prelude's second part: one module with this one
+
 # The files of a run: the first (``_boot.py``), the bundle (see prelude_files()).
 PRELUDE_NAME = "_mcp_prelude.py"
 BUNDLE_NAME = "_mcp_prelude.bin"
@@ -209,6 +211,8 @@ def _main(
                 stream.flush()
             except Exception:
                 pass
+    if not _session:
+        end_run(status, namespace, _guarded)  # returns if python is to end the run itself
     if status is not None:
         raise SystemExit(status)
 

@@ -153,6 +153,26 @@ async def test_what_the_code_leaves_open_is_flushed_and_atexit_runs(evaluator: E
     assert [(f.path, f.content) for f in result.files] == [("left-open.txt", b"flushed")]
 
 
+#: C code printing through C's stdio, buffered (python -u made it unbuffered) in a buffer
+#: kept to the process's end.
+C_BUFFERED = (
+    "import ctypes\nlibc = ctypes.CDLL(None)\nctypes.kept = ctypes.create_string_buffer(4096)\n"
+    "libc.setvbuf(ctypes.c_void_p.in_dll(libc, 'stdout'), ctypes.kept, 0, 4096)\n"
+    "libc.printf(b'from C\\n')\n"
+)
+
+
+async def test_what_c_code_printed_is_kept(evaluator: Evaluator) -> None:
+    # What C code buffers goes out at C's exit(), which the run's end must not skip, with the
+    # prelude or without; ctypes, which it ends by, is imported ahead with the C modules.
+    ahead = await warm_run(evaluator, "-c", "import sys; print('ctypes' in sys.modules)")
+    assert ahead.stdout == "True\n"
+    code = C_BUFFERED + "print('python')"
+    for request in (EvalRequest(args=("-c", code)), plotting.build_request(code)):
+        result = await warm_request(evaluator, request)
+        assert (result.returncode, result.stdout) == (0, "python\nfrom C\n")
+
+
 async def test_the_time_limit_starts_when_the_code_arrives() -> None:
     """Warm for longer than the time limit: a clock started before the code would have killed."""
     # 5 s: the probe's interpreter, numpy and pandas loaded, must also exit within it.

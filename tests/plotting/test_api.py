@@ -105,20 +105,24 @@ def test_the_first_file_is_the_packaged_boot_and_the_bundle_holds_the_rest() -> 
     parts = marshal.loads(zlib.decompress(support_sources))
     # Each part of the support module after those it imports, the module itself last.
     assert [name for name, _ in parts] == [name for name, _ in codes] == [*SUPPORT_PARTS, ""]
-    sources = {"_prelude.py": zlib.decompress(prelude_source)}
-    sources.update({f"{name or '_support'}.py": source for name, source in parts})
-    for name, source in sources.items():
+    # The prelude is one module made of two files.
+    sources: dict[tuple[str, ...], bytes] = {
+        ("_prelude.py", "_ending.py"): zlib.decompress(prelude_source)
+    }
+    sources.update({(f"{name or '_support'}.py",): source for name, source in parts})
+    for names, source in sources.items():
         # The same module, without what nothing reads at run time.
-        original = (package / name).read_text()
+        original = "\n".join((package / name).read_text() for name in names)
         assert _names(source.decode()) == _names(original)
         assert len(source) < len(original) / 1.5 and b'"""' not in source and b"# " not in source
     assert marshal.loads(prelude).co_filename == "<mcp-prelude>"
     assert {code.co_filename for _, code in codes} == {"<mcp-support>"}
     # Small: the first file is compiled by every run, the rest only loaded; the whole is about
     # what the files were when the prelude and support module traveled as sources (without
-    # what sessions need, 36 KiB then; the manifest's gone files took it past 42).
+    # what sessions need, 36 KiB then; the manifest's gone files took it past 42, the run's
+    # end past 43).
     assert len(boot.content) < 2048
-    assert len(boot.content) + len(bundle.content) < 43 * 1024
+    assert len(boot.content) + len(bundle.content) < 44 * 1024
 
 
 def _names(source: str) -> list[str]:
@@ -134,7 +138,8 @@ def _names(source: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "source", ["_boot.py", "_prelude.py", "_support.py", *(f"{p}.py" for p in SUPPORT_PARTS)]
+    "source",
+    ["_boot.py", "_prelude.py", "_ending.py", "_support.py", *(f"{p}.py" for p in SUPPORT_PARTS)],
 )
 def test_importing_the_files_sent_does_nothing(source: str) -> None:
     path = Path(plotting.__file__).parent / source
