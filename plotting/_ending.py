@@ -6,7 +6,7 @@ are waited for, the atexit functions run, the code's objects freed (their files 
 closed) by clearing its namespace, the streams flushed. What only an imported module or a
 reference cycle holds is not freed, its ``__del__`` not called (python does not promise to call
 it at exit either; collecting the cycles would take 50 ms once numpy and pyplot are loaded). The
-warm agent ends the runs it makes the same way (``evaluator/_agent.py``).
+warm agent ends the runs it makes without the prelude in a like way (``evaluator/_agent.py``).
 
 Standard library only: what a bare interpreter has loaded, and ctypes where C code is.
 """
