@@ -296,6 +296,15 @@ def offered_v2_controllers() -> str:
         return ""
 
 
+#: Code that prints "from C" through C's stdio, made fully buffered (``python -u`` leaves it
+#: unbuffered) in a buffer kept to the process's end: only C's ``exit()`` writes it out.
+C_BUFFERED = (
+    "import ctypes\nlibc = ctypes.CDLL(None)\nctypes.kept = ctypes.create_string_buffer(4096)\n"
+    "libc.setvbuf(ctypes.c_void_p.in_dll(libc, 'stdout'), ctypes.kept, 0, 4096)\n"
+    "libc.printf(b'from C\\n')\n"
+)
+
+
 def sandbox_home() -> str:
     """The working directory inside this environment's sandboxes: ``/home``, or ``/sandbox``
     when this interpreter lies under /home (a checkout in a home directory)."""

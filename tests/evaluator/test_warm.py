@@ -30,7 +30,7 @@ from evaluator.limits import ADDRESS_SPACE_HEADROOM
 from evaluator.sandbox import SandboxMaker
 from snekbox_client import EvalRequest, EvalResult, File
 from tests.gateway.harness import WARM_AGENT, descendants
-from tests.support import sandbox_home
+from tests.support import C_BUFFERED, sandbox_home
 
 from . import isolation
 from .conftest import config
@@ -151,15 +151,6 @@ async def test_what_the_code_leaves_open_is_flushed_and_atexit_runs(evaluator: E
     assert result.returncode == 0
     assert result.stdout == "end of code\nthread done\natexit ran\n"
     assert [(f.path, f.content) for f in result.files] == [("left-open.txt", b"flushed")]
-
-
-#: C code printing through C's stdio, buffered (python -u made it unbuffered) in a buffer
-#: kept to the process's end.
-C_BUFFERED = (
-    "import ctypes\nlibc = ctypes.CDLL(None)\nctypes.kept = ctypes.create_string_buffer(4096)\n"
-    "libc.setvbuf(ctypes.c_void_p.in_dll(libc, 'stdout'), ctypes.kept, 0, 4096)\n"
-    "libc.printf(b'from C\\n')\n"
-)
 
 
 async def test_what_c_code_printed_is_kept(evaluator: Evaluator) -> None:

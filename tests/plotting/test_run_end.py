@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from plotting import PRELUDE_NAME, build_request
+from tests.support import C_BUFFERED
 
 from .conftest import PYTHON, RunCode
 
@@ -96,14 +97,7 @@ def test_what_c_code_printed_is_kept_and_the_modules_still_left(
 ) -> None:
     # C's stdio holds a pipe's output until C's exit() (unless python -u), which os._exit()
     # would skip.
-    source = NOISY + textwrap.dedent("""
-        import ctypes
-        libc = ctypes.CDLL(None)
-        ctypes.kept = ctypes.create_string_buffer(4096)  # to the process's end
-        libc.setvbuf(ctypes.c_void_p.in_dll(libc, "stdout"), ctypes.kept, 0, 4096)
-        libc.printf(b"from C\\n")
-        print("python")
-    """)
+    source = NOISY + C_BUFFERED + 'print("python")\n'
     assert plain_python(source, tmp_path) == ("python\n" + TORN_DOWN + "from C\n", 0)
     run = run_code(source)
     assert (run.output, run.returncode) == ("python\n" + LEFT + "from C\n", 0)
