@@ -9,8 +9,9 @@ carries the code alone), left out where the service keeps none.
 * local (default): the interpreter as the sandbox starts it, ``<python> -E -s -c "print(1)"``
   against ``<python> -E -s _mcp_prelude.py`` with the request's files freshly written into a
   temporary working directory before each run (the writing is not timed: the service does it in
-  each case; the resident prelude is written once, in a directory the first file is pointed
-  at). Only the process is timed, from spawn to exit.
+  each case), and the resident way, ``-c LAUNCHER print(1)`` with no file (the resident prelude
+  is written once, in a directory the launcher is pointed at). Only the process is timed, from
+  spawn to exit.
 * ``--url URL``: a running evaluation service (the built-in evaluator or Snekbox); ``POST /eval``
   with ``EvalRequest(input="print(1)")`` against the prelude's requests, end to end.
 * ``--evaluator``: the same through the project's own evaluator, started here configured like
@@ -95,7 +96,11 @@ def bench_local(python: str, n: int, warmup: int) -> dict[str, list[float]]:
         workdir.mkdir()
         # Compiled by the interpreter itself, as the image and the evaluator write it.
         script = Path(plotting.__file__).parent / "_bundle.py"
-        subprocess.run([python, "-I", str(script), str(resident)], check=True, capture_output=True)
+        subprocess.run(
+            [python, "-I", str(script), str(resident), str(resident)],
+            check=True,
+            capture_output=True,
+        )
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
 
         def run(argv: list[str]) -> float:
@@ -124,14 +129,16 @@ def bench_local(python: str, n: int, warmup: int) -> dict[str, list[float]]:
 
 
 def pointed_at(request: EvalRequest, resident: Path) -> EvalRequest:
-    """``request`` with its first file looking for the resident prelude in ``resident``."""
+    """``request`` with its launcher (or its first file) looking for the resident prelude in
+    ``resident``."""
+    here, there = RESIDENT_DIR, str(resident)
     files = [
-        File(f.path, f.content.replace(RESIDENT_DIR.encode(), str(resident).encode()))
+        File(f.path, f.content.replace(here.encode(), there.encode()))
         if f.path == PRELUDE_NAME
         else f
         for f in request.files
     ]
-    return EvalRequest(args=request.args, files=files)
+    return EvalRequest(args=[arg.replace(here, there) for arg in request.args or ()], files=files)
 
 
 async def bench_service(url: str, n: int, warmup: int) -> dict[str, list[float]]:

@@ -1,7 +1,8 @@
 """The prelude that runs before the user's code in every sandboxed run, and what it promises.
 
 The gateway does not send the user's code as ``python -c code``: it sends two files and runs
-the first, which runs the code::
+the first, which runs the code (to a service that keeps the prelude resident, it sends no file:
+``python -c LAUNCHER code``, see :func:`build_request`)::
 
     from plotting import build_request, sort_files
 
@@ -42,6 +43,7 @@ from snekbox_client import EvalRequest, EvalResult, File
 
 from ._bundle import RESIDENT_DIR, WARM_PATH
 from ._bundle import Parts as _Parts
+from ._bundle import launcher as _bundle_launcher
 from ._bundle import write_resident as _write_resident
 from ._figures import FIGURE_DPI, FIGURE_MAX_PIXELS, PARTIAL_SUFFIX
 from ._manifest import MANIFEST_MAX_BYTES, MANIFEST_NAME
@@ -85,6 +87,8 @@ _PRELUDE_MISSING_OUTPUT = (
     "The prelude is not in this interpreter, nor resident in the service: the code did not run; "
     "call again.\n"
 )
+#: The longest code a launched run takes as its argument (Linux takes 128 KiB in one).
+_ARGUMENT_MAX_BYTES = 64 * 1024
 #: The first bytes of every PNG file.
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -190,9 +194,14 @@ def build_request(
 ) -> EvalRequest:
     """The ``POST /eval`` request that runs ``code`` under the prelude.
 
-    The code travels in the bundle (see :func:`prelude_files`), not as an argument (an argument
-    is limited to 128 KiB), encoded as UTF-8; lone surrogates pass through, and the prelude
-    reports them as a syntax error, as ``python`` would for such a script.
+    The code travels in the bundle (see :func:`prelude_files`), encoded as UTF-8; lone
+    surrogates pass through, and the prelude reports them as a syntax error, as ``python``
+    would for such a script. A ``resident`` run, not a later cell, sends no file when it can:
+    ``python -c LAUNCHER CODE``, where the launcher (``_bundle.launcher``) makes the bundle's
+    head of the code and runs the first file the service keeps compiled beside its prelude.
+    The service then writes no file before the run, and the interpreter compiles a few lines
+    instead of the first file. Code that cannot be an argument (over
+    :data:`_ARGUMENT_MAX_BYTES`, a NUL, a lone surrogate) goes in the bundle.
 
     Args:
         code: The user's Python source.
@@ -202,11 +211,31 @@ def build_request(
         resident: The service may keep the prelude resident (see :func:`prelude_files`).
     """
     code_bytes = code.encode("utf-8", "surrogatepass")
+    if resident and not later_cell and _fits_an_argument(code_bytes):
+        return EvalRequest(args=["-c", _launcher(), code], executable_path=executable_path)
     return EvalRequest(
         args=[PRELUDE_NAME],
         files=prelude_files(code_bytes, later_cell=later_cell, resident=resident),
         executable_path=executable_path,
     )
+
+
+def _fits_an_argument(code: bytes) -> bool:
+    """Whether ``code`` (UTF-8, lone surrogates passed) can be a command-line argument that
+    python reads back as it was sent."""
+    if len(code) > _ARGUMENT_MAX_BYTES or b"\0" in code:
+        return False
+    try:
+        code.decode("utf-8")
+    except UnicodeDecodeError:  # a lone surrogate, which no argument can carry
+        return False
+    return True
+
+
+@functools.cache
+def _launcher() -> str:
+    """The ``-c`` code of a run launched from the resident prelude (see :func:`build_request`)."""
+    return _bundle_launcher(_parts(), _PRELUDE_MISSING_OUTPUT.removesuffix("\n"))
 
 
 def is_figure(path: str) -> bool:

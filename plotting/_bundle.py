@@ -9,9 +9,11 @@ imports it to build each request (``plotting.prelude_files``).
 import ast
 import hashlib
 import importlib.util
+import io
 import marshal
 import os
 import sys
+import tokenize
 import zlib
 from pathlib import Path
 from types import CodeType
@@ -20,6 +22,9 @@ from types import CodeType
 #: In the real Snekbox's user base, which its NsJail configuration binds; the built-in evaluator
 #: binds its own directory there.
 RESIDENT_DIR = "/snekbox/user_base/share/mcp-prelude"
+#: A resident prelude's first file, compiled, is named as the prelude, with this in place of
+#: ``.bin``.
+BOOT_SUFFIX = ".boot"
 #: Beside the resident preludes: what a warm sandbox's interpreter runs to load its own ahead.
 WARM_PATH = f"{RESIDENT_DIR}/warm.py"
 
@@ -41,7 +46,7 @@ class Parts:
     """
 
     def __init__(self) -> None:
-        boot = _without_docstring((_HERE / "_boot.py").read_bytes())
+        boot = _as_it_travels((_HERE / "_boot.py").read_bytes())
         ours = [(_HERE / f"{name}.py").read_bytes() for name in _PRELUDE_PARTS]
         sources = [(_HERE / f"{name}.py").read_bytes() for name in _SUPPORT_PARTS]
         prelude_code, prelude = _compiled_and_source("<mcp-prelude>", *ours)
@@ -70,20 +75,49 @@ class Parts:
 
 
 def resident_path(digest: bytes, magic: bytes) -> str:
-    """Where a service keeps the prelude ``digest`` compiled by interpreters of ``magic``."""
+    """Where a service keeps the prelude ``digest`` compiled by interpreters of ``magic`` (its
+    first file, compiled: the same path, :data:`BOOT_SUFFIX` in place of ``.bin``)."""
     return f"{RESIDENT_DIR}/{digest.hex()}-{magic.hex()}.bin"
 
 
-def write_resident(directory: str, parts: Parts | None = None) -> str:
+def launcher(parts: Parts, missing: str) -> str:
+    """The ``-c`` code of a run launched from the resident prelude ``parts`` (see
+    ``plotting.build_request``): it makes the bundle's head of its argument, the user's code
+    (the bytes sent: ``os.fsencode`` undoes python's decoding), then runs the first file kept
+    beside the prelude for its interpreter's bytecode, which takes that head
+    (``sys._mcp_launched``). With none kept there, it prints
+    ``missing`` and ends with status 121, as the first file does without the prelude."""
+    code = "__import__('os').fsencode(__import__('sys').argv.pop(1))"
+    magic_hex, digest_hex = parts.magic.hex(), parts.digest.hex()
+    head = f"bytes.fromhex('{magic_hex}'),b'',b'',{code},0,bytes.fromhex('{digest_hex}')"
+    magic = "__import__('sys').modules['_frozen_importlib_external'].MAGIC_NUMBER.hex()"
+    boot = f"{RESIDENT_DIR}/{digest_hex}-{{{magic}}}{BOOT_SUFFIX}"
+    return (
+        "try:\n"
+        f" with open(f\"{boot}\",'rb') as _boot_file:_boot_data=_boot_file.read()\n"
+        f"except OSError:\n print({missing!r},flush=True)\n raise SystemExit(121)\n"
+        "_boot_resident=__import__('marshal').loads(_boot_data)\n"
+        f"__import__('sys')._mcp_launched=({head})\n"
+        "exec(_boot_resident)\n"
+    )
+
+
+def write_resident(
+    directory: str, parts: Parts | None = None, *, seen_as: str = RESIDENT_DIR
+) -> str:
     """Write this interpreter's resident prelude (``parts``, else compiled now) into
     ``directory``: a whole bundle without code, named as :func:`resident_path` names it there,
-    and the script that loads it ahead (``_warm.py``, as :data:`WARM_PATH`). Returns the
-    prelude's path."""
+    the first file compiled (which :func:`launcher` runs), and the script that loads it ahead
+    (``_warm.py``, as :data:`WARM_PATH`). Returns the prelude's path. ``seen_as``: where the
+    sandboxes see ``directory``, which the compiled first file reads (a test's own)."""
     parts = parts or Parts()
     name = os.path.basename(resident_path(parts.digest, parts.magic))
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name)
     _write_readable(path, parts.head(b"") + parts.tail)
+    boot_source = parts.boot.replace(RESIDENT_DIR.encode(), seen_as.encode())
+    boot = compile(boot_source, "<mcp-boot>", "exec", dont_inherit=True)
+    _write_readable(path.removesuffix(".bin") + BOOT_SUFFIX, marshal.dumps(boot, 4))
     _write_readable(
         os.path.join(directory, os.path.basename(WARM_PATH)), (_HERE / "_warm.py").read_bytes()
     )
@@ -99,16 +133,22 @@ def _write_readable(path: str, data: bytes) -> None:
     os.replace(path + ".part", path)
 
 
-def _without_docstring(source: bytes) -> bytes:
-    """``source`` with its module docstring's lines left empty: the first file travels with
-    every run and is compiled by each, and its docstring is for those who read it here."""
+def _as_it_travels(source: bytes) -> bytes:
+    """``source`` (ASCII) with its module docstring's lines left empty and its comments cut:
+    the first file travels with runs and is compiled by each, and those are for whoever reads
+    it here. Line numbers stay."""
+    text = source.decode("ascii")
+    lines = text.splitlines(keepends=True)
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT:
+            row, column = token.start
+            lines[row - 1] = lines[row - 1][:column].rstrip() + "\n"
     tree = ast.parse(source)
     first = tree.body[0] if tree.body else None
-    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
-        return source
-    lines = source.splitlines(keepends=True)
-    end = first.end_lineno or first.lineno
-    return b"\n" * end + b"".join(lines[end:])
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        end = first.end_lineno or first.lineno
+        lines[:end] = ["\n"] * end
+    return "".join(lines).encode("ascii")
 
 
 def _compiled_and_source(filename: str, *sources: bytes) -> tuple[CodeType, bytes]:
@@ -155,5 +195,8 @@ def _is_docstring(node: ast.Module | ast.ClassDef | ast.FunctionDef) -> bool:
     )
 
 
-if __name__ == "__main__":  # python plotting/_bundle.py DIRECTORY (docker/snekbox/Dockerfile)
-    print(write_resident(sys.argv[1] if len(sys.argv) > 1 else RESIDENT_DIR))
+if __name__ == "__main__":  # python plotting/_bundle.py [DIRECTORY [SEEN_AS]] (the Dockerfile)
+    arguments = sys.argv[1:]
+    directory = arguments[0] if arguments else RESIDENT_DIR
+    seen_as = arguments[1] if len(arguments) > 1 else RESIDENT_DIR
+    print(write_resident(directory, seen_as=seen_as))
