@@ -15,8 +15,8 @@ the gateway's interpreter, the prelude and its support module (``_support.py`` a
 with their sources for an interpreter with another bytecode format (see :func:`prelude_files`).
 Snekbox starts a fresh interpreter for every run, and compiling the prelude there would cost
 more than all else it does; the support module is loaded only when a run needs it. The prelude
-removes both files and runs the code as ``__main__``: tracebacks show only the user's frames (file
-:data:`CODE_FILENAME`) with the user's line numbers, ``sys.exit(n)`` exits with n and an
+removes the files sent and runs the code as ``__main__``: tracebacks show only the user's frames
+(file :data:`CODE_FILENAME`) with the user's line numbers, ``sys.exit(n)`` exits with n and an
 uncaught exception with 1. Every matplotlib figure shown with ``plt.show()`` or still open at
 the end becomes ``figure_NNN.png`` in the working directory (NNN = 001, 002, ... in drawing
 order; a name that already exists is skipped, so a user's file is never overwritten) at

@@ -11,7 +11,7 @@ their sources instead. A bundle without the prelude runs the one an earlier cell
 a warm interpreter (``_warm.py``), kept (``sys._mcp_prelude``) if it is the bundle's (its digest),
 else the one resident in the service (``plotting._bundle.RESIDENT_DIR``) for this digest and magic
 number; else the run ends before the code, and the gateway sends it again whole (when the answer
-comes back with the run's end). The prelude removes both files before the user's code runs.
+comes back with the run's end). The prelude removes the files sent before the user's code runs.
 """
 
 import marshal

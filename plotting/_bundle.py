@@ -86,11 +86,18 @@ def launcher(parts: Parts, missing: str) -> str:
     (the bytes sent: ``os.fsencode`` undoes python's decoding), then runs the first file kept
     beside the prelude for its interpreter's bytecode, which takes that head
     (``sys._mcp_launched``). With none kept there, it prints
-    ``missing`` and ends with status 121, as the first file does without the prelude."""
+    ``missing`` and ends with status 121, as the first file does without the prelude.
+
+    Its frame stays below the code's while the code runs, named ``<string>`` (python's name of
+    ``-c`` code, and the code's): a stack the code prints shows it beside the code's line of
+    the same number."""
     code = "__import__('os').fsencode(__import__('sys').argv.pop(1))"
     magic_hex, digest_hex = parts.magic.hex(), parts.digest.hex()
     head = f"bytes.fromhex('{magic_hex}'),b'',b'',{code},0,bytes.fromhex('{digest_hex}')"
-    magic = "__import__('sys').modules['_frozen_importlib_external'].MAGIC_NUMBER.hex()"
+    magic = (
+        "getattr(__import__('sys').modules.get('_frozen_importlib_external'),"
+        "'MAGIC_NUMBER',b'').hex()"
+    )
     boot = f"{RESIDENT_DIR}/{digest_hex}-{{{magic}}}{BOOT_SUFFIX}"
     return (
         "try:\n"

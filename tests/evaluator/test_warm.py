@@ -255,6 +255,18 @@ async def test_a_run_without_the_prelude_runs_the_one_loaded_ahead(evaluator: Ev
     assert [f.path for f in plotting.sort_files(result.files).figures] == ["figure_001.png"]
 
 
+async def test_code_no_argument_can_carry_runs_the_prelude_loaded_ahead(
+    evaluator: Evaluator,
+) -> None:
+    """A one-shot run whose code cannot be the launcher's argument (over 64 KiB) goes as the
+    first file and the bundle's head, and runs the prelude its warm interpreter loaded."""
+    code = "# " + "x" * 70_000 + "\nimport sys\nprint(sys._mcp_prelude['_loaded_ahead'], sys.argv)"
+    request = plotting.build_request(code, resident=True)
+    assert request.args == [plotting.PRELUDE_NAME] and not plotting.carries_prelude(request)
+    result = await warm_request(evaluator, request)
+    assert (result.stdout, result.returncode) == ("True ['<string>']\n", 0), result
+
+
 async def test_a_warm_sandbox_has_loaded_the_resident_prelude_ahead(evaluator: Evaluator) -> None:
     """A warm interpreter loads the prelude the evaluator keeps resident, and its support module,
     before any run, so that a session's first cell loads nothing, as its later cells; it draws,
