@@ -175,7 +175,7 @@ def via_direct(direct: SnekboxClient, name: str, *, session: bool) -> Callable[[
         result = await direct.eval(sent)
         if plotting.prelude_missing(result):  # the warm-up's first call, to a 'before'
             first = plotting.build_request("print(1)")
-            result = await direct.eval(replace(sent, files=first.files))
+            result = await direct.eval(replace(sent, args=first.args, files=first.files))
         assert result.stdout == "1\n", result
 
     return call
