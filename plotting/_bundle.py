@@ -85,8 +85,8 @@ def launcher(parts: Parts, missing: str) -> str:
     ``plotting.build_request``): it makes the bundle's head of its argument, the user's code
     (the bytes sent: ``os.fsencode`` undoes python's decoding), then runs the first file kept
     beside the prelude for its interpreter's bytecode, which takes that head
-    (``sys._mcp_launched``). With none kept there, it prints
-    ``missing`` and ends with status 121, as the first file does without the prelude.
+    (``sys._mcp_launched``). With none kept there, it prints ``missing`` and ends with status
+    121, as the first file does without the prelude.
 
     Its frame stays below the code's while the code runs, named ``<string>`` (python's name of
     ``-c`` code, and the code's): a stack the code prints shows it beside the code's line of
