@@ -47,30 +47,34 @@ PACKAGES = "/opt/packages"
 
 
 def warm(names: "list[str]") -> None:
-    """Import ``names``, or run those that are paths, silenced (one that fails is left for the
-    code to meet); then freeze what they made out of the garbage collector's reach."""
+    """Import ``names``, or run those that are paths (as ``__warm__``; an ``after_imports``
+    they define is called after the rest), silenced (one that fails is left for the code to
+    meet); then freeze what they made out of the garbage collector's reach."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):
         os.dup2(devnull, fd)
+    files: list[dict[str, object]] = []
     try:
         compile("", "<warm>", "exec")  # the first compile() builds the AST types (~1 ms)
         # Their C code's runs end by C's exit() through ctypes (finish(), the prelude's end).
         for name in [*names, "ctypes"] if any(n[:1] != "/" for n in names) else names:
             try:
                 if name.startswith("/"):
+                    files.append({"__file__": name, "__name__": "__warm__"})
                     with open(name, "rb") as file:
-                        exec(compile(file.read(), name, "exec"), {"__file__": name})
+                        exec(compile(file.read(), name, "exec"), files[-1])
                     continue
                 if name.split(".")[0] == "matplotlib" and "matplotlib" not in sys.modules:
-                    # No display in a sandbox: what a headless interpreter would resolve to,
-                    # chosen before pyplot could look for another.
+                    # No display: a headless interpreter's backend, before pyplot seeks one.
                     __import__("matplotlib").use("Agg")
                 __import__(name)
             except BaseException:
                 pass
+        for scope in files:  # what a file changed for the imports after it, undone
+            scope.get("after_imports", lambda: None)()  # type: ignore[operator]
         # A cell's full collection then skips all they made (44 ms with pandas). Not collected
         # first: the imports' collections left a dozen objects, not worth 40 ms.
         __import__("gc").freeze()
@@ -86,8 +90,7 @@ def warm(names: "list[str]") -> None:
 def request() -> "list[str] | bytes | None":
     """The run's arguments; :data:`SESSION` when the sandbox becomes a session's (see
     :func:`serve_cells`); ``None`` when it is not used."""
-    # The marker is one write of less than PIPE_BUF, read whole; the session's first cell may
-    # be in the pipe behind it already, and is not this function's to read.
+    # The marker is one write under PIPE_BUF, read whole; a session's first cell may follow it.
     first = os.read(REQUEST_FD, len(SESSION))
     if first == SESSION:
         return SESSION
@@ -111,9 +114,8 @@ def run(args: "list[str]") -> "tuple[int, ModuleType]":
     main.__dict__.update(__builtins__=builtins, __annotations__={}, __loader__=BuiltinImporter)
     if args[0] != "-c":
         filename = os.path.abspath(args[0])  # as _load names it
-        main.__dict__.update(
-            __file__=filename, __cached__=None, __loader__=SourceFileLoader("__main__", filename)
-        )
+        loader = SourceFileLoader("__main__", filename)
+        main.__dict__.update(__file__=filename, __cached__=None, __loader__=loader)
     return _run_cell(args, main, -2), main  # with its own layers, if any (none imported yet)
 
 
@@ -292,9 +294,8 @@ def _quiet_fork_warning() -> None:
 
     if not getattr(_quiet_fork_warning, "done", False):
         _quiet_fork_warning.done = True  # type: ignore[attr-defined]
-        warnings.filterwarnings(
-            "ignore", r"This process \(pid=\d+\) is multi-threaded", DeprecationWarning
-        )
+        message = r"This process \(pid=\d+\) is multi-threaded"
+        warnings.filterwarnings("ignore", message, DeprecationWarning)
 
 
 def _read_exact(size: int) -> "bytes | None":

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from plotting import RESIDENT_DIR, WARM_PATH, prelude_digest
 from snekbox_client import EvalRequest
 
+from ._artist_docs import TABLES
 from .config import EvaluatorConfig
 from .errors import InvalidExecutable
 from .host import HOME, interpreter_paths
@@ -20,12 +21,16 @@ from .sandbox import Sandbox
 from .users import covers
 from .workdir import Workdir, WorkdirRoot
 
-__all__ = ["AGENT_IN_SANDBOX", "CommandLines"]
+__all__ = ["AGENT_IN_SANDBOX", "ARTIST_DOCS_IN_SANDBOX", "CommandLines"]
 
 #: Where the warm agent's file is bound inside its sandbox.
 AGENT_IN_SANDBOX = "/run/evaluator/agent.py"
 #: The agent compiled for the default interpreter, where sandboxes running it see it.
 COMPILED_AGENT_IN_SANDBOX = "/run/evaluator/agent.pyc"
+#: Where a warm sandbox sees the script that reads matplotlib's artist tables (``_artist_docs``),
+#: and the tables beside it.
+ARTIST_DOCS_IN_SANDBOX = "/run/evaluator/artist_docs.py"
+_ARTIST_TABLES_IN_SANDBOX = f"/run/evaluator/{TABLES}"
 
 
 class CommandLines:
@@ -76,6 +81,9 @@ class CommandLines:
         self.preimports = Preimports(config.preimport)
         #: matplotlib's font list, once built: its host file and its path in the sandbox.
         self.fontlist: tuple[str, str] | None = None
+        #: The script reading matplotlib's artist tables and the tables, on the host, once built
+        #: (:mod:`.matplotlib_caches`): warm sandboxes importing matplotlib run it first.
+        self.artist_docs: tuple[str, str] | None = None
 
     @property
     def default(self) -> str:
@@ -148,8 +156,14 @@ class CommandLines:
             *(self.preimports.current() if imports else ()),
             *([WARM_PATH] if self._resident else []),
         ]
+        binds = self._agent_binds(workdir, host, agent)
+        first = next((i for i, m in enumerate(ahead) if m.split(".")[0] == "matplotlib"), None)
+        if self.artist_docs is not None and first is not None:
+            ahead.insert(first, ARTIST_DOCS_IN_SANDBOX)
+            script, tables = self.artist_docs
+            binds += [(script, ARTIST_DOCS_IN_SANDBOX), (tables, _ARTIST_TABLES_IN_SANDBOX)]
         command = [executable, agent, *self.preimports.watch_argument, *ahead]
-        return self.argv(command, workdir, self._agent_binds(workdir, host, agent))
+        return self.argv(command, workdir, binds)
 
     def started_argv(self, workdir: Workdir) -> list[str]:
         """bwrap's command line of a started sandbox (see :mod:`.pool`): the agent, importing

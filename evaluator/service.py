@@ -26,7 +26,7 @@ from types import TracebackType
 
 from snekbox_client import EvalRequest, EvalResult, Python, ServiceInfo
 
-from . import limits, startup
+from . import limits, matplotlib_caches, startup
 from .cgroups import Cgroups
 from .commands import CommandLines
 from .config import EvaluatorConfig
@@ -87,7 +87,7 @@ class Evaluator:
         self._dispatch: Dispatcher | None = None
         self._commands: CommandLines | None = None
         self._run_packages = RunPackages(self.config)
-        self._fontlist_task: asyncio.Task[None] | None = None
+        self._matplotlib_task: asyncio.Task[None] | None = None
         self._bytecode_task: asyncio.Future[None] | None = None
         self._root: WorkdirRoot | None = None
         self._cgroups = Cgroups({}, None)
@@ -143,8 +143,8 @@ class Evaluator:
         await pool.settled(refill=True)  # a first request finds its sandbox ready
         self._run_packages.preinstall()
         if not config.unsandboxed and self._commands is not None and self._root is not None:
-            self._fontlist_task = asyncio.ensure_future(
-                startup.build_fontlist(
+            self._matplotlib_task = asyncio.ensure_future(
+                matplotlib_caches.build(
                     pool,
                     self._commands,
                     self._root,
@@ -359,9 +359,9 @@ class Evaluator:
             await self._live.aclose()
         if self._pool is not None:
             await self._pool.aclose()
-        if self._fontlist_task is not None:  # it disposes of its own sandbox
-            await asyncio.gather(self._fontlist_task, return_exceptions=True)
-            self._fontlist_task = None
+        if self._matplotlib_task is not None:  # it disposes of its own sandbox
+            await asyncio.gather(self._matplotlib_task, return_exceptions=True)
+            self._matplotlib_task = None
         if self._bytecode_task is not None:  # a thread: it cannot be cancelled
             await asyncio.gather(self._bytecode_task, return_exceptions=True)
             self._bytecode_task = None

@@ -3,8 +3,8 @@
 Each step is a function :meth:`.service.Evaluator.start` calls in turn: the sandbox's view of the
 host (bwrap found, user namespaces allowed), the cgroups (those a dead evaluator left swept), the
 files every sandbox binds, the seccomp filter, then a first run that proves the whole sandbox
-works here (:func:`probe`). In the background: the environment's bytecode, and matplotlib's
-font list built once in a sandbox so that runs do not rebuild it.
+works here (:func:`probe`). In the background: the environment's bytecode (matplotlib's caches
+are :mod:`.matplotlib_caches`'s).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import os
 import platform
 import py_compile
 import resource
-import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from .config import EvaluatorConfig, MiB
 from .errors import HostTooBusy, SandboxNotMade, SandboxUnavailable
 from .host import (
     HOME,
-    MPLCONFIGDIR,
     WHAT_TO_DO,
     check_prerequisites,
     environment,
@@ -46,7 +44,6 @@ from .workdir import WorkdirRoot
 __all__ = [
     "PROBE",
     "PROBE_TIME_LIMIT",
-    "build_fontlist",
     "check_bytecode",
     "detect_cgroups",
     "log_lowered_nproc",
@@ -71,8 +68,6 @@ PROBE = "import sys; print('ok')"
 PROBE_TIME_LIMIT = 60.0
 # How the launcher's own failures begin (_launcher.py).
 _LAUNCH_FAILED = "the sandbox could not start"
-# Builds matplotlib's font list once, so that runs do not rebuild it (~150 ms each).
-_FONTLIST = "import matplotlib.font_manager"
 # The warm agent, bound read-only into its sandbox: the sandbox binds only the interpreter's
 # environment, where this package may not be (a checkout run with uv run).
 _AGENT = Path(__file__).with_name("_agent.py")
@@ -361,35 +356,3 @@ def check_bytecode(config: EvaluatorConfig) -> None:
             "`uv sync` (this project compiles it) or run `%s -m compileall` on it as its owner",
             names_found, executable,
         )  # fmt: skip
-
-
-async def build_fontlist(
-    pool: SandboxPool,
-    commands: CommandLines,
-    root: WorkdirRoot,
-    output_limit: int,
-    *,
-    then: Callable[[], None],
-) -> None:
-    """Build matplotlib's font list once in a sandbox, keep it read-only in ``root`` and have
-    the runs' sandboxes bind it (:attr:`.CommandLines.fontlist`); ``then`` is called once the
-    sandbox is disposed of, whether a list was built or not."""
-    sandbox = pool.prepare()
-    try:
-        await sandbox.ready()
-        sandbox.process.release(
-            commands.argv([commands.default, "-c", _FONTLIST], sandbox.workdir), 60
-        )
-        outcome = await sandbox.process.wait(output_limit)
-        cache = sandbox.workdir.access / MPLCONFIGDIR
-        built = sorted(cache.glob("fontlist-v*.json")) if outcome.returncode == 0 else []
-        if not built:
-            log.info("no prebuilt matplotlib font list (is matplotlib installed?)")
-            return
-        kept = root.path / built[-1].name
-        shutil.copyfile(built[-1], kept)
-        kept.chmod(0o444)
-        commands.fontlist = (str(kept), f"{commands.home}/{MPLCONFIGDIR}/{built[-1].name}")
-    finally:
-        await pool.dispose(sandbox)
-        then()

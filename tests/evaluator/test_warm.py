@@ -587,8 +587,8 @@ async def test_a_cold_sessions_first_cell_goes_before_any_sandbox_is_made_again(
     monkeypatch.setattr(JailedProcess, "run_cell", noting_run_cell)
     async with Evaluator(config(warm_sandboxes=0, max_sessions=2)) as ev:
         assert ev._pool is not None
-        if ev._fontlist_task is not None:  # it makes a sandbox of its own
-            await ev._fontlist_task
+        if ev._matplotlib_task is not None:  # it makes a sandbox of its own
+            await ev._matplotlib_task
         await ev._pool.settled()
         events.clear()
         result = await ev.run(EvalRequest(args=("-c", "print(1)"), session="cold"))

@@ -1,0 +1,136 @@
+"""What matplotlib builds once at the evaluator's start (``evaluator/matplotlib_caches.py``).
+
+The artist tables built in the start-up sandbox are what each warm sandbox's pyplot import
+reads, through bwrap as the runs see them: the docstrings a warm run sees are those of a run
+that imported matplotlib itself, and they come from the tables the evaluator keeps. What the
+start-up run wrote is kept only if it has the tables' shape and size, and never through a link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from evaluator import Evaluator, matplotlib_caches
+from evaluator._artist_docs import TABLES
+from snekbox_client import EvalRequest
+
+from .conftest import config
+
+#: Whether pyplot was imported before the code; a digest of the docstrings of each module of
+#: matplotlib's (a warm sandbox may hold more of them, and pyplot's functions of its backend are
+#: the prelude's); the marker's count.
+DOCS = r"""
+import sys
+warm = "matplotlib.pyplot" in sys.modules
+import hashlib, json, re, matplotlib.pyplot, matplotlib.lines
+BACKEND = ("show", "new_figure_manager", "draw_if_interactive")  # pyplot.switch_backend sets
+docs = {}
+for name, module in sorted(sys.modules.items()):
+    if name.startswith(("matplotlib", "mpl_toolkits")):
+        found = []
+        for key, value in sorted(vars(module).items()):
+            if name == "matplotlib.pyplot" and key in BACKEND:
+                continue
+            for item in [value, *vars(value).values()] if isinstance(value, type) else [value]:
+                if callable(item) or isinstance(item, property):  # not the values pyplot keeps
+                    found.append(re.sub(r"0x[0-9a-f]+", "", str(item.__doc__)))
+        docs[name] = hashlib.sha256("".join(found).encode()).hexdigest()
+print(warm)
+print(json.dumps(docs))
+print(matplotlib.lines.Line2D.set.__doc__.count("FROM THE TABLES"))
+"""
+
+
+@pytest.fixture(scope="module")
+async def evaluator() -> AsyncIterator[Evaluator]:
+    async with Evaluator(
+        config(warm_sandboxes=1, preimport=("numpy", "matplotlib.pyplot"), time_limit=60)
+    ) as started:
+        assert started._matplotlib_task is not None
+        await started._matplotlib_task
+        yield started
+
+
+async def warm_run(evaluator: Evaluator, args: tuple[str, ...]) -> list[str]:
+    with anyio.fail_after(240):  # a loaded machine warms slowly
+        while evaluator.warm_sandboxes < 1:  # noqa: ASYNC110 - nothing to wait on
+            await asyncio.sleep(0.05)
+    result = await evaluator.run(EvalRequest(args=args))
+    assert result.returncode == 0, result.stdout
+    return result.stdout.splitlines()
+
+
+async def test_a_warm_run_sees_the_docstrings_pyplot_makes(evaluator: Evaluator) -> None:
+    assert evaluator._commands is not None and evaluator._commands.artist_docs is not None
+    for kept in evaluator._commands.artist_docs:
+        assert os.stat(kept).st_mode & 0o777 == 0o444
+    warm, warm_docs, read = await warm_run(evaluator, ("-c", DOCS))
+    cold, cold_docs, _ = await warm_run(evaluator, ("-u", "-c", DOCS))  # no warm agent runs it
+    assert (warm, cold, read) == ("True", "False", "0")
+    seen, made = json.loads(warm_docs), json.loads(cold_docs)
+    assert {"matplotlib.lines", "matplotlib.axes._axes", "mpl_toolkits.mplot3d.axes3d"} <= set(made)
+    assert {name: seen.get(name) for name in made} == made
+
+
+async def test_a_warm_sandbox_reads_the_tables_the_evaluator_keeps(
+    evaluator: Evaluator,
+) -> None:
+    """Tables that say something else are what the docstrings say, once the sandboxes are made
+    with them: they were read, not built again."""
+    assert evaluator._commands is not None and evaluator._commands.artist_docs is not None
+    script, kept = evaluator._commands.artist_docs
+    known = json.loads(Path(kept).read_text())  # noqa: ASYNC240
+    known["tables"]["matplotlib.lines.Line2D"][0] += "FROM THE TABLES"
+    spoiled = Path(f"{kept}.spoiled")  # where every sandbox's user reaches it
+    spoiled.write_text(json.dumps(known))  # noqa: ASYNC240
+    evaluator._commands.artist_docs = (script, str(spoiled))
+    try:
+        for _ in range(4):  # the sandbox warm before the change, then one made after it
+            if (await warm_run(evaluator, ("-c", DOCS)))[2] == "1":
+                break
+        else:
+            pytest.fail("no warm run read the tables it was given")
+    finally:
+        evaluator._commands.artist_docs = (script, kept)
+
+
+def tables_file(tmp_path: Path, content: object, size: int | None = None) -> Path:
+    path = tmp_path / TABLES
+    data = json.dumps(content).encode()
+    path.write_bytes(data if size is None else data + b" " * (size - len(data)))
+    return path
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        [],
+        {"tables": {}},
+        {"built_by": "3.11", "tables": {}},
+        {"built_by": [], "tables": []},
+        {"built_by": [], "tables": {"a.B": "a table"}},
+        {"built_by": [], "tables": {"a.B": [1]}},
+    ],
+)
+def test_tables_of_another_shape_are_not_kept(tmp_path: Path, content: object) -> None:
+    assert matplotlib_caches._valid_tables(tables_file(tmp_path, content)) is None
+
+
+def test_tables_of_their_shape_are_kept_up_to_their_size(tmp_path: Path) -> None:
+    content = {"built_by": ["3.11.2", "/m/__init__.py", False], "tables": {"a.B": ["x", "y"]}}
+    largest = matplotlib_caches.ARTIST_DOCS_MAX_BYTES
+    assert matplotlib_caches._valid_tables(tables_file(tmp_path, content)) is not None
+    assert matplotlib_caches._valid_tables(tables_file(tmp_path, content, largest)) is not None
+    assert matplotlib_caches._valid_tables(tables_file(tmp_path, content, largest + 1)) is None
+    (tmp_path / "link").symlink_to(tables_file(tmp_path, content))
+    assert matplotlib_caches._valid_tables(tmp_path / "link") is None
+    assert matplotlib_caches._valid_tables(tmp_path / "missing") is None
+    (tmp_path / "bad").write_bytes(b"\xff{")
+    assert matplotlib_caches._valid_tables(tmp_path / "bad") is None
