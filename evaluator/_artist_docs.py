@@ -7,12 +7,13 @@ import numpy and pyplot (``bench/bench_warming.py``), spent again by each; warmi
 what four agents calling at once outran on two cores.
 
 The evaluator's start-up run builds them once in a sandbox (``python _artist_docs.py OUT``,
-with matplotlib's font list): what ``kwdoc`` answered for each class while pyplot was imported.
-A warm sandbox's agent runs this file (an absolute path among the modules it imports, bound
-read-only beside the tables) before it imports matplotlib: ``kwdoc`` then answers from the
-tables, if the same matplotlib built them, until the agent calls ``after_imports``. The
-docstrings are the same; a class the tables lack (one of a module imported later, the code's
-own) is inspected as before.
+after matplotlib's font list, whose file name it prints): what ``kwdoc`` answered for each
+class, in the order it was asked, while pyplot was imported. A warm sandbox's agent that
+imports pyplot runs this file first (an absolute path among its modules, before the first of
+matplotlib's, bound read-only beside the tables): ``kwdoc`` then answers from the tables, if
+the same matplotlib built them and no artist exists yet, until the agent calls
+``after_imports``. The docstrings are the same; a class the tables lack (one of a module
+imported later, the code's own), or asked once more than they say, is inspected as before.
 
 Standard library only: the sandbox's Python runs it.
 """
@@ -25,10 +26,13 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported in a sandbox before the code asks for it
+    from collections.abc import Callable
     from typing import Any
 
 #: The tables' file name, beside this file in a warm sandbox.
 TABLES = "artist-docs.json"
+#: What the start-up run prints before the font list's file name, once it is built.
+FONTLIST_BUILT = "font list built: "
 
 
 def build(path: str) -> None:
@@ -40,6 +44,9 @@ def build(path: str) -> None:
     import matplotlib.artist as artist
     import matplotlib.font_manager  # its font list, built once for every run
 
+    for name in os.listdir(os.environ["MPLCONFIGDIR"]):
+        if name.startswith("fontlist-"):
+            print(f"{FONTLIST_BUILT}{name}", flush=True)
     real = artist.kwdoc
     tables: dict[str, list[str]] = {}
 
@@ -59,9 +66,10 @@ def build(path: str) -> None:
         json.dump({"built_by": _built_by(matplotlib), "tables": tables}, file)
 
 
-def answer_from_tables() -> Any:
+def answer_from_tables() -> Callable[[], None]:
     """Have ``kwdoc`` answer from the tables beside this file; what gives matplotlib its own
-    back (a no-op where there are no tables, or another matplotlib built them)."""
+    back, which never raises (a no-op where there are no tables, or another matplotlib built
+    them)."""
     if "matplotlib.artist" in sys.modules:  # artists were made: their calls are not replayed
         return lambda: None
     try:
@@ -88,10 +96,10 @@ def answer_from_tables() -> Any:
         return real(of)
 
     artist.kwdoc = kwdoc  # type: ignore[assignment]
-    return lambda: setattr(artist, "kwdoc", real)
+    return lambda: setattr(artist, "kwdoc", real)  # a module's attribute: nothing to fail
 
 
-def _built_by(matplotlib: Any) -> list[Any]:
+def _built_by(matplotlib: Any) -> list[str | bool]:
     """What the tables depend on: matplotlib's version and place, and whether it writes its
     docstrings for Sphinx."""
     hardcopy = bool(matplotlib.rcParams["docstring.hardcopy"])

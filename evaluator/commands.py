@@ -148,7 +148,8 @@ class CommandLines:
 
     def agent_argv(self, workdir: Workdir, *, imports: bool = True) -> list[str]:
         """bwrap's command line of a warm sandbox: the agent, with the modules it imports now
-        (:attr:`preimports`), and the script loading the resident prelude ahead
+        (:attr:`preimports`; before them, where pyplot is one, the script reading matplotlib's
+        artist tables, once built), and the script loading the resident prelude ahead
         (``plotting.WARM_PATH``), if one is."""
         executable = self._config.executable
         host, agent = self._agent(executable)
@@ -157,9 +158,9 @@ class CommandLines:
             *([WARM_PATH] if self._resident else []),
         ]
         binds = self._agent_binds(workdir, host, agent)
-        first = next((i for i, m in enumerate(ahead) if m.split(".")[0] == "matplotlib"), None)
-        if self.artist_docs is not None and first is not None:
-            ahead.insert(first, ARTIST_DOCS_IN_SANDBOX)
+        if self.artist_docs is not None and "matplotlib.pyplot" in ahead:
+            first = next(i for i, m in enumerate(ahead) if m.split(".")[0] == "matplotlib")
+            ahead.insert(first, ARTIST_DOCS_IN_SANDBOX)  # before anything imports matplotlib
             script, tables = self.artist_docs
             binds += [(script, ARTIST_DOCS_IN_SANDBOX), (tables, _ARTIST_TABLES_IN_SANDBOX)]
         command = [executable, agent, *self.preimports.watch_argument, *ahead]

@@ -24,6 +24,7 @@ __all__ = [
     "open_dir",
     "open_pinned",
     "read_beneath",
+    "read_regular",
     "remove_tree",
     "reopen_repaired",
     "walk_files",
@@ -172,6 +173,18 @@ def read_beneath(
     finally:
         for fd in reversed(fds):
             os.close(fd)
+
+
+def read_regular(root_fd: int, rel: str, limit: int) -> bytes | None:
+    """The regular file ``rel`` below ``root_fd`` if it holds at most ``limit`` bytes, read
+    through no symlink (:func:`read_beneath`); ``None`` otherwise."""
+    try:
+        found = os.stat(rel, dir_fd=root_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(found.st_mode) or found.st_size > limit:
+        return None
+    return read_beneath(root_fd, rel, found)
 
 
 def walk_files(

@@ -14,25 +14,31 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
+import re
 from collections.abc import Callable
 from pathlib import Path
 
-from ._artist_docs import TABLES
+from ._artist_docs import FONTLIST_BUILT, TABLES
 from .commands import ARTIST_DOCS_IN_SANDBOX, CommandLines
 from .host import MPLCONFIGDIR
 from .pool import SandboxPool
 from .workdir import WorkdirRoot
 
-__all__ = ["ARTIST_DOCS_MAX_BYTES", "build"]
+__all__ = ["ARTIST_DOCS_MAX_BYTES", "FONTLIST_MAX_BYTES", "START_UP_TIME_LIMIT", "build"]
 
 log = logging.getLogger(__name__)
 
-#: The largest tables file kept (matplotlib 3.11's: 169 KB).
+#: The largest tables file kept (matplotlib 3.11's: 190 KB).
 ARTIST_DOCS_MAX_BYTES = 4 << 20
-# Where the start-up run sees the script that builds them.
+#: The largest font list kept (a host with many fonts: a few hundred KB).
+FONTLIST_MAX_BYTES = 16 << 20
+#: Seconds the start-up run may take, whatever the runs' limit: it needs about a second of CPU,
+#: and a busy host (load 10-27 on 2 cores was seen) must not lose the font list.
+START_UP_TIME_LIMIT = 120.0
+#: The script on the host, copied into the evaluator's private directory for the sandboxes.
 _SCRIPT = Path(__file__).with_name("_artist_docs.py")
+#: How the script names the font list it built (any later failure loses only the tables).
+_FONTLIST_BUILT = re.compile(rb"^%s(fontlist-v[\w.]+\.json)$" % FONTLIST_BUILT.encode(), re.M)
 
 
 async def build(
@@ -46,58 +52,52 @@ async def build(
     """Build the font list and the tables once in a sandbox, keep them read-only in ``root``
     and have the sandboxes bind them; ``then`` is called once that sandbox is disposed of,
     whether anything was built or not."""
-    script = root.path / "artist_docs.py"
-    script.write_bytes(_SCRIPT.read_bytes())
-    script.chmod(0o444)
-    in_sandbox = f"{commands.home}/{MPLCONFIGDIR}"
     sandbox = pool.prepare()
     try:
+        script = _keep(root, "artist_docs.py", _SCRIPT.read_bytes())
         await sandbox.ready()
+        in_sandbox = f"{commands.home}/{MPLCONFIGDIR}"
         command = [commands.default, ARTIST_DOCS_IN_SANDBOX, f"{in_sandbox}/{TABLES}"]
-        binds = [(str(script), ARTIST_DOCS_IN_SANDBOX)]
-        sandbox.process.release(commands.argv(command, sandbox.workdir, binds), 60)
+        argv = commands.argv(command, sandbox.workdir, [(script, ARTIST_DOCS_IN_SANDBOX)])
+        sandbox.process.release(argv, START_UP_TIME_LIMIT)
         outcome = await sandbox.process.wait(output_limit)
-        cache = sandbox.workdir.access / MPLCONFIGDIR
-        built = sorted(cache.glob("fontlist-v*.json")) if outcome.returncode == 0 else []
-        if not built:
+        built = _FONTLIST_BUILT.search(outcome.output)
+        name = built[1].decode() if built else ""
+        fontlist = sandbox.workdir.read(f"{MPLCONFIGDIR}/{name}", FONTLIST_MAX_BYTES)
+        if not name or fontlist is None:
             log.info("no prebuilt matplotlib font list (is matplotlib installed?)")
             return
-        kept = root.path / built[-1].name
-        shutil.copyfile(built[-1], kept)
-        kept.chmod(0o444)
-        commands.fontlist = (str(kept), f"{in_sandbox}/{built[-1].name}")
-        tables = _valid_tables(cache / TABLES)
-        if tables is None:
+        commands.fontlist = (_keep(root, name, fontlist), f"{in_sandbox}/{name}")
+        tables = sandbox.workdir.read(f"{MPLCONFIGDIR}/{TABLES}", ARTIST_DOCS_MAX_BYTES)
+        if outcome.returncode != 0 or tables is None or not _valid_tables(tables):
             log.info("matplotlib's artist tables were not built: warm sandboxes build their own")
             return
-        kept = root.path / TABLES
-        kept.write_bytes(tables)
-        kept.chmod(0o444)
-        commands.artist_docs = (str(script), str(kept))
+        commands.artist_docs = (script, _keep(root, TABLES, tables))
     finally:
         await pool.dispose(sandbox)
         then()
 
 
-def _valid_tables(path: Path) -> bytes | None:
-    """The tables file the start-up run wrote, if it has their shape and size (its own links
-    not followed); ``None`` otherwise."""
+def _keep(root: WorkdirRoot, name: str, data: bytes) -> str:
+    """``data`` as the read-only file ``name`` of the evaluator's private directory."""
+    kept = root.path / name
+    kept.write_bytes(data)
+    kept.chmod(0o444)
+    return str(kept)
+
+
+def _valid_tables(data: bytes) -> bool:
+    """Whether ``data`` has the tables' shape (:mod:`._artist_docs`)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(ARTIST_DOCS_MAX_BYTES + 1)
-    try:
-        known = json.loads(data) if len(data) <= ARTIST_DOCS_MAX_BYTES else None
-    except ValueError:
-        return None
-    if not isinstance(known, dict) or not isinstance(known.get("built_by"), list):
-        return None
-    tables = known.get("tables")
-    if not isinstance(tables, dict) or not all(
-        isinstance(answers, list) and all(isinstance(a, str) for a in answers)
-        for answers in tables.values()
-    ):
-        return None
-    return data
+        known = json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    tables = known.get("tables") if isinstance(known, dict) else None
+    return (
+        isinstance(tables, dict)
+        and isinstance(known.get("built_by"), list)
+        and all(
+            isinstance(answers, list) and all(isinstance(a, str) for a in answers)
+            for answers in tables.values()
+        )
+    )

@@ -261,7 +261,7 @@ class Evaluator:
             pool.retire(sandbox)
 
     def _start_warming(self, pool: SandboxPool) -> None:
-        """Start the warm sandboxes once matplotlib's font list is built (else each builds it)."""
+        """Start the warm sandboxes once matplotlib's caches are built (else each builds them)."""
         config, commands = self.config, self._commands
         if commands is not None and config.warm_sandboxes and not self._closing:
             most, spare, cpus = config.warm_sandboxes_max, self._slots.spare_cpu, self._slots.cpus

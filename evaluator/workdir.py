@@ -34,7 +34,7 @@ from snekbox_client import ContentWanted, File
 
 from . import output_files
 from .errors import CollectError, WriteError
-from .fileops import open_dir, open_pinned, remove_tree, write_beneath
+from .fileops import open_dir, open_pinned, read_regular, remove_tree, write_beneath
 from .procfs import alive
 
 __all__ = ["INLINE_BYTES", "TMP_DIR", "CollectError", "Workdir", "WorkdirRoot", "WriteError"]
@@ -278,6 +278,15 @@ class Workdir:
                 content_wanted=content_wanted,
                 strict=strict,
             )
+        finally:
+            os.close(root_fd)
+
+    def read(self, rel: str, limit: int) -> bytes | None:
+        """The regular file ``rel`` if it holds at most ``limit`` bytes, read through no
+        symlink; ``None`` otherwise."""
+        root_fd = self._open()
+        try:
+            return read_regular(root_fd, rel, limit)
         finally:
             os.close(root_fd)
 

@@ -7,6 +7,8 @@ were built for that matplotlib, before any artist existed, until ``after_imports
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -69,6 +71,8 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=240,
     )
     assert built.returncode == 0, built.stderr
+    fontlists = [p.name for p in directory.glob("fontlist-*.json")]
+    assert built.stdout.splitlines() == [f"{_artist_docs.FONTLIST_BUILT}{n}" for n in fontlists]
     return directory
 
 
@@ -103,9 +107,10 @@ def tables(place: Path) -> Any:
 
 def test_the_tables_hold_each_artist_as_pyplot_made_it(place: Path) -> None:
     known = tables(place)
-    import matplotlib
-
-    assert known["built_by"] == [matplotlib.__version__, matplotlib.__file__, False]
+    spec = importlib.util.find_spec("matplotlib")  # not imported here: only in the children
+    assert spec is not None
+    version = importlib.metadata.version("matplotlib")
+    assert known["built_by"] == [version, spec.origin, False]
     held = known["tables"]
     assert isinstance(held, dict)
     # Line2D's set() is documented before its aliases exist, then its table is asked again.

@@ -3,7 +3,7 @@
 The artist tables built in the start-up sandbox are what each warm sandbox's pyplot import
 reads, through bwrap as the runs see them: the docstrings a warm run sees are those of a run
 that imported matplotlib itself, and they come from the tables the evaluator keeps. What the
-start-up run wrote is kept only if it has the tables' shape and size, and never through a link.
+start-up run wrote is kept only if it has the tables' shape and size, read through no link.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from evaluator import Evaluator, matplotlib_caches
-from evaluator._artist_docs import TABLES
+from evaluator.fileops import read_regular
 from snekbox_client import EvalRequest
 
 from .conftest import config
@@ -90,6 +90,7 @@ async def test_a_warm_sandbox_reads_the_tables_the_evaluator_keeps(
     known["tables"]["matplotlib.lines.Line2D"][0] += "FROM THE TABLES"
     spoiled = Path(f"{kept}.spoiled")  # where every sandbox's user reaches it
     spoiled.write_text(json.dumps(known))  # noqa: ASYNC240
+    spoiled.chmod(0o444)  # noqa: ASYNC240  (whatever the umask: the sandboxes' users read it)
     evaluator._commands.artist_docs = (script, str(spoiled))
     try:
         for _ in range(4):  # the sandbox warm before the change, then one made after it
@@ -101,36 +102,42 @@ async def test_a_warm_sandbox_reads_the_tables_the_evaluator_keeps(
         evaluator._commands.artist_docs = (script, kept)
 
 
-def tables_file(tmp_path: Path, content: object, size: int | None = None) -> Path:
-    path = tmp_path / TABLES
-    data = json.dumps(content).encode()
-    path.write_bytes(data if size is None else data + b" " * (size - len(data)))
-    return path
-
-
 @pytest.mark.parametrize(
     "content",
     [
-        [],
-        {"tables": {}},
-        {"built_by": "3.11", "tables": {}},
-        {"built_by": [], "tables": []},
-        {"built_by": [], "tables": {"a.B": "a table"}},
-        {"built_by": [], "tables": {"a.B": [1]}},
+        b"[]",
+        b'{"tables": {}}',
+        b'{"built_by": "3.11", "tables": {}}',
+        b'{"built_by": [], "tables": []}',
+        b'{"built_by": [], "tables": {"a.B": "a table"}}',
+        b'{"built_by": [], "tables": {"a.B": [1]}}',
+        b"\xff{",
+        b"[" * 100_000,  # deeper than the parser goes
     ],
 )
-def test_tables_of_another_shape_are_not_kept(tmp_path: Path, content: object) -> None:
-    assert matplotlib_caches._valid_tables(tables_file(tmp_path, content)) is None
+def test_tables_of_another_shape_are_not_kept(content: bytes) -> None:
+    assert not matplotlib_caches._valid_tables(content)
 
 
-def test_tables_of_their_shape_are_kept_up_to_their_size(tmp_path: Path) -> None:
+def test_tables_of_their_shape_are_kept() -> None:
     content = {"built_by": ["3.11.2", "/m/__init__.py", False], "tables": {"a.B": ["x", "y"]}}
-    largest = matplotlib_caches.ARTIST_DOCS_MAX_BYTES
-    assert matplotlib_caches._valid_tables(tables_file(tmp_path, content)) is not None
-    assert matplotlib_caches._valid_tables(tables_file(tmp_path, content, largest)) is not None
-    assert matplotlib_caches._valid_tables(tables_file(tmp_path, content, largest + 1)) is None
-    (tmp_path / "link").symlink_to(tables_file(tmp_path, content))
-    assert matplotlib_caches._valid_tables(tmp_path / "link") is None
-    assert matplotlib_caches._valid_tables(tmp_path / "missing") is None
-    (tmp_path / "bad").write_bytes(b"\xff{")
-    assert matplotlib_caches._valid_tables(tmp_path / "bad") is None
+    assert matplotlib_caches._valid_tables(json.dumps(content).encode())
+
+
+def test_what_the_start_up_run_left_is_read_through_no_link_and_up_to_its_size(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "file").write_bytes(b"x" * 10)
+    (tmp_path / "linked").symlink_to(tmp_path / "dir")
+    (tmp_path / "dir" / "link").symlink_to(tmp_path / "dir" / "file")
+    root_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert read_regular(root_fd, "dir/file", 10) == b"x" * 10
+        assert read_regular(root_fd, "dir/file", 9) is None
+        assert read_regular(root_fd, "linked/file", 10) is None
+        assert read_regular(root_fd, "dir/link", 10) is None
+        assert read_regular(root_fd, "dir", 10) is None
+        assert read_regular(root_fd, "dir/missing", 10) is None
+    finally:
+        os.close(root_fd)
