@@ -46,7 +46,8 @@ def build(path: str) -> None:
 
     for name in os.listdir(os.environ["MPLCONFIGDIR"]):
         if name.startswith("fontlist-"):
-            print(f"{FONTLIST_BUILT}{name}", flush=True)
+            sys.stdout.write(f"{FONTLIST_BUILT}{name}\n")  # one write: a line of its own
+            sys.stdout.flush()
     real = artist.kwdoc
     tables: dict[str, list[str]] = {}
 

@@ -143,31 +143,13 @@ def read_beneath(
 
     ``limit``: read only the first bytes.
     """
-    *dirs, name = rel.split("/")
     fds: list[int] = []
     try:
-        dir_fd = root_fd
-        for part in dirs:
-            dir_fd = open_dir(part, dir_fd)
-            fds.append(dir_fd)
-        try:
-            fd = os.open(
-                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-            )
-        except PermissionError:
-            fd = reopen_repaired(
-                name, dir_fd, stat.S_ISREG, 0o400, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-            )
-        fds.append(fd)
+        fd = _open_file(root_fd, rel, fds)
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_ino != expected.st_ino:
             return None
-        chunks: list[bytes] = []
-        remaining = expected.st_size if limit is None else min(expected.st_size, limit)
-        while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 20))):
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
+        return _read(fd, expected.st_size if limit is None else min(expected.st_size, limit))
     except OSError:
         return None
     finally:
@@ -176,15 +158,54 @@ def read_beneath(
 
 
 def read_regular(root_fd: int, rel: str, limit: int) -> bytes | None:
-    """The regular file ``rel`` below ``root_fd`` if it holds at most ``limit`` bytes, read
-    through no symlink (:func:`read_beneath`); ``None`` otherwise."""
+    """The regular file ``rel`` below ``root_fd``, whole, if it holds at most ``limit`` bytes;
+    ``None`` otherwise, or if its size changed as it was read, or a step of ``rel`` is not a
+    plain name below the one before."""
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        return None
+    fds: list[int] = []
     try:
-        found = os.stat(rel, dir_fd=root_fd, follow_symlinks=False)
+        fd = _open_file(root_fd, rel, fds)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        data = _read(fd, limit + 1)
+        return data if len(data) == info.st_size else None
     except OSError:
         return None
-    if not stat.S_ISREG(found.st_mode) or found.st_size > limit:
-        return None
-    return read_beneath(root_fd, rel, found)
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+def _open_file(root_fd: int, rel: str, fds: list[int]) -> int:
+    """A descriptor of the entry ``rel`` below ``root_fd``, each directory on the way and the
+    entry opened through no symlink, the entry non-blocking (a FIFO cannot hold the thread);
+    each descriptor opened is put on ``fds``, for the caller to close."""
+    *dirs, name = rel.split("/")
+    dir_fd = root_fd
+    for part in dirs:
+        dir_fd = open_dir(part, dir_fd)
+        fds.append(dir_fd)
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except PermissionError:
+        fd = reopen_repaired(
+            name, dir_fd, stat.S_ISREG, 0o400, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+        )
+    fds.append(fd)
+    return fd
+
+
+def _read(fd: int, most: int) -> bytes:
+    """Up to ``most`` bytes of ``fd``, to its end."""
+    chunks: list[bytes] = []
+    while most > 0 and (chunk := os.read(fd, min(most, 1 << 20))):
+        chunks.append(chunk)
+        most -= len(chunk)
+    return b"".join(chunks)
 
 
 def walk_files(

@@ -12,8 +12,10 @@ script that reads them (:attr:`.CommandLines.artist_docs`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +24,8 @@ from ._artist_docs import FONTLIST_BUILT, TABLES
 from .commands import ARTIST_DOCS_IN_SANDBOX, CommandLines
 from .host import MPLCONFIGDIR
 from .pool import SandboxPool
-from .workdir import WorkdirRoot
+from .pump import Outcome
+from .workdir import Workdir, WorkdirRoot
 
 __all__ = ["ARTIST_DOCS_MAX_BYTES", "FONTLIST_MAX_BYTES", "START_UP_TIME_LIMIT", "build"]
 
@@ -52,30 +55,52 @@ async def build(
     """Build the font list and the tables once in a sandbox, keep them read-only in ``root``
     and have the sandboxes bind them; ``then`` is called once that sandbox is disposed of,
     whether anything was built or not."""
-    sandbox = pool.prepare()
+    sandbox = None
     try:
+        sandbox = pool.prepare()
         script = _keep(root, "artist_docs.py", _SCRIPT.read_bytes())
-        await sandbox.ready()
+        if not await sandbox.ready():
+            log.info("no prebuilt matplotlib font list: its sandbox did not start")
+            return
         in_sandbox = f"{commands.home}/{MPLCONFIGDIR}"
         command = [commands.default, ARTIST_DOCS_IN_SANDBOX, f"{in_sandbox}/{TABLES}"]
         argv = commands.argv(command, sandbox.workdir, [(script, ARTIST_DOCS_IN_SANDBOX)])
         sandbox.process.release(argv, START_UP_TIME_LIMIT)
         outcome = await sandbox.process.wait(output_limit)
-        built = _FONTLIST_BUILT.search(outcome.output)
-        name = built[1].decode() if built else ""
-        fontlist = sandbox.workdir.read(f"{MPLCONFIGDIR}/{name}", FONTLIST_MAX_BYTES)
-        if not name or fontlist is None:
-            log.info("no prebuilt matplotlib font list (is matplotlib installed?)")
+        fontlist, tables = await asyncio.to_thread(_keep_built, sandbox.workdir, outcome, root)
+        if fontlist is None:
+            log.info(
+                "no prebuilt matplotlib font list (is matplotlib installed?): its run ended by "
+                "%s, status %d",
+                outcome.ended_by, outcome.returncode,
+            )  # fmt: skip
             return
-        commands.fontlist = (_keep(root, name, fontlist), f"{in_sandbox}/{name}")
-        tables = sandbox.workdir.read(f"{MPLCONFIGDIR}/{TABLES}", ARTIST_DOCS_MAX_BYTES)
-        if outcome.returncode != 0 or tables is None or not _valid_tables(tables):
+        commands.fontlist = (fontlist, f"{in_sandbox}/{os.path.basename(fontlist)}")
+        if tables is None:
             log.info("matplotlib's artist tables were not built: warm sandboxes build their own")
             return
-        commands.artist_docs = (script, _keep(root, TABLES, tables))
+        commands.artist_docs = (script, tables)
+    except Exception:  # the sandboxes build their own; the warm ones must still start
+        log.exception("matplotlib's caches were not built")
     finally:
-        await pool.dispose(sandbox)
+        if sandbox is not None:
+            await pool.dispose(sandbox)
         then()
+
+
+def _keep_built(
+    workdir: Workdir, outcome: Outcome, root: WorkdirRoot
+) -> tuple[str | None, str | None]:
+    """The font list the start-up run named, and its tables if it ended well and they have
+    their shape, each kept in ``root`` (``None``: not built)."""
+    named = _FONTLIST_BUILT.search(outcome.output)
+    name = named[1].decode() if named else ""
+    fontlist = workdir.read(f"{MPLCONFIGDIR}/{name}", FONTLIST_MAX_BYTES) if name else None
+    if fontlist is None:
+        return None, None
+    tables = workdir.read(f"{MPLCONFIGDIR}/{TABLES}", ARTIST_DOCS_MAX_BYTES)
+    kept = outcome.returncode == 0 and tables is not None and _valid_tables(tables)
+    return _keep(root, name, fontlist), _keep(root, TABLES, tables) if kept and tables else None
 
 
 def _keep(root: WorkdirRoot, name: str, data: bytes) -> str:

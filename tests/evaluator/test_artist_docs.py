@@ -72,6 +72,7 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert built.returncode == 0, built.stderr
     fontlists = [p.name for p in directory.glob("fontlist-*.json")]
+    assert fontlists
     assert built.stdout.splitlines() == [f"{_artist_docs.FONTLIST_BUILT}{n}" for n in fontlists]
     return directory
 

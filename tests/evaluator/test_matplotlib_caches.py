@@ -102,6 +102,47 @@ async def test_a_warm_sandbox_reads_the_tables_the_evaluator_keeps(
         evaluator._commands.artist_docs = (script, kept)
 
 
+#: A start-up script that builds a font list, says so, then fails (argv[1]: how).
+FAILING = r"""
+import os, sys, time
+name = "fontlist-v0.json"
+os.makedirs(os.environ["MPLCONFIGDIR"], exist_ok=True)
+with open(os.path.join(os.environ["MPLCONFIGDIR"], name), "w") as file:
+    file.write("{}")
+sys.stdout.write(f"font list built: {name}\n")
+sys.stdout.flush()
+time.sleep(600) if os.environ.get("FAIL") == "time limit" else sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("failure", ["status", "time limit"])
+async def test_the_font_list_is_kept_when_the_run_fails_after_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, failure: str
+) -> None:
+    """A start-up run that ends badly once the font list is built (a memory or time limit met
+    by pyplot's import) loses only the tables."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING.replace('os.environ.get("FAIL")', repr(failure)))
+    monkeypatch.setattr(matplotlib_caches, "_SCRIPT", script)
+    monkeypatch.setattr(matplotlib_caches, "START_UP_TIME_LIMIT", 15.0)  # a busy host: 1-2 s
+    async with Evaluator(config()) as started:
+        assert started._matplotlib_task is not None and started._commands is not None
+        await started._matplotlib_task
+        assert started._commands.artist_docs is None
+        fontlist = started._commands.fontlist
+        assert fontlist is not None and fontlist[1].endswith("/fontlist-v0.json")
+        assert Path(fontlist[0]).read_bytes() == b"{}"  # noqa: ASYNC240
+
+
+async def test_a_warm_sandbox_without_pyplot_runs_no_tables() -> None:
+    probe = "import os, sys; print(os.path.exists('/run/evaluator/artist_docs.py'))"
+    async with Evaluator(config(warm_sandboxes=1, preimport=("numpy", "matplotlib"))) as started:
+        assert started._matplotlib_task is not None
+        await started._matplotlib_task
+        assert started._commands is not None and started._commands.artist_docs is not None
+        assert await warm_run(started, ("-c", probe)) == ["False"]
+
+
 @pytest.mark.parametrize(
     "content",
     [
@@ -139,5 +180,9 @@ def test_what_the_start_up_run_left_is_read_through_no_link_and_up_to_its_size(
         assert read_regular(root_fd, "dir/link", 10) is None
         assert read_regular(root_fd, "dir", 10) is None
         assert read_regular(root_fd, "dir/missing", 10) is None
+        assert read_regular(root_fd, "dir/../dir/file", 10) is None
+        assert read_regular(root_fd, f"{tmp_path}/dir/file", 10) is None
+        os.mkfifo(tmp_path / "dir" / "fifo")
+        assert read_regular(root_fd, "dir/fifo", 10) is None  # without blocking
     finally:
         os.close(root_fd)
