@@ -82,7 +82,7 @@ class CommandLines:
         #: matplotlib's font list, once built: its host file and its path in the sandbox.
         self.fontlist: tuple[str, str] | None = None
         #: The script reading matplotlib's artist tables and the tables, on the host, once built
-        #: (:mod:`.matplotlib_caches`): warm sandboxes importing matplotlib run it first.
+        #: (:mod:`.matplotlib_caches`): warm sandboxes importing pyplot run it first.
         self.artist_docs: tuple[str, str] | None = None
 
     @property
