@@ -84,7 +84,7 @@ def answer_from_tables() -> Callable[[], None]:
         if known["built_by"] != _built_by(matplotlib):
             return lambda: None
         tables, real = known["tables"], artist.kwdoc
-        calls = dict.fromkeys(tables, 0)
+        calls: dict[str | None, int] = {}  # each class's answers given so far
     except Exception:  # no matplotlib, no tables: each class is inspected
         return lambda: None
 

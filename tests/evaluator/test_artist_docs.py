@@ -20,12 +20,16 @@ import pytest
 
 from evaluator import _artist_docs
 
+from .matplotlib_docs import DOCSTRINGS
+
 SCRIPT = Path(_artist_docs.__file__)
 
 #: Runs the script as a warm agent does (``exec`` as ``__warm__``), if asked, then imports what a
 #: warm sandbox imports and prints every docstring and signature matplotlib's modules hold.
-DUMP = r"""
-import json, re, sys
+DUMP = (
+    DOCSTRINGS
+    + r"""
+import json, sys
 script, use, before = sys.argv[1], sys.argv[2] == "use", sys.argv[3] == "before"
 if before:
     import matplotlib.artist
@@ -39,22 +43,11 @@ import matplotlib.pyplot
 import matplotlib.artist as artist
 patched = artist.kwdoc.__module__ != "matplotlib.artist"
 scope.get("after_imports", lambda: None)()
-docs = {}
-for name, module in list(sys.modules.items()):
-    if not name.startswith(("matplotlib", "mpl_toolkits")):
-        continue
-    docs[name] = module.__doc__
-    for key, value in list(vars(module).items()):
-        docs[f"{name}.{key}"] = getattr(value, "__doc__", None)
-        for member, item in list(vars(value).items()) if isinstance(value, type) else ():
-            docs[f"{name}.{key}.{member}"] = getattr(item, "__doc__", None)
-            signature = getattr(item, "__signature__", None)
-            if signature is not None:
-                docs[f"{name}.{key}.{member}()"] = str(signature)
-docs = {k: re.sub(r"0x[0-9a-f]+", "0x", str(v)) for k, v in docs.items()}
 restored = artist.kwdoc.__module__ == "matplotlib.artist"
+docs = {path: doc for module in matplotlib_docs().values() for path, doc in module.items()}
 print(json.dumps({"docs": docs, "patched": patched, "restored": restored}))
 """
+)
 
 
 @pytest.fixture(scope="module")

@@ -22,30 +22,25 @@ from evaluator.fileops import read_regular
 from snekbox_client import EvalRequest
 
 from .conftest import config
+from .matplotlib_docs import DOCSTRINGS
 
 #: Whether pyplot was imported before the code; a digest of the docstrings of each module of
-#: matplotlib's (a warm sandbox may hold more of them, and pyplot's functions of its backend are
-#: the prelude's); the marker's count.
-DOCS = r"""
+#: matplotlib's (a warm sandbox may hold more of them: the prelude's); the marker's count.
+DOCS = (
+    DOCSTRINGS
+    + r"""
 import sys
 warm = "matplotlib.pyplot" in sys.modules
-import hashlib, json, re, matplotlib.pyplot, matplotlib.lines
-BACKEND = ("show", "new_figure_manager", "draw_if_interactive")  # pyplot.switch_backend sets
-docs = {}
-for name, module in sorted(sys.modules.items()):
-    if name.startswith(("matplotlib", "mpl_toolkits")):
-        found = []
-        for key, value in sorted(vars(module).items()):
-            if name == "matplotlib.pyplot" and key in BACKEND:
-                continue
-            for item in [value, *vars(value).values()] if isinstance(value, type) else [value]:
-                if callable(item) or isinstance(item, property):  # not the values pyplot keeps
-                    found.append(re.sub(r"0x[0-9a-f]+", "", str(item.__doc__)))
-        docs[name] = hashlib.sha256("".join(found).encode()).hexdigest()
+import hashlib, json, matplotlib.pyplot, matplotlib.lines
+digests = {
+    module: hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
+    for module, docs in matplotlib_docs().items()
+}
 print(warm)
-print(json.dumps(docs))
+print(json.dumps(digests))
 print(matplotlib.lines.Line2D.set.__doc__.count("FROM THE TABLES"))
 """
+)
 
 
 @pytest.fixture(scope="module")
