@@ -134,6 +134,13 @@ def home_environment(home: str) -> dict[str, str]:
     return {"HOME": home, "TMPDIR": f"{home}/{TMP_DIR}", "MPLCONFIGDIR": f"{home}/{MPLCONFIGDIR}"}
 
 
+#: How long OpenBLAS's idle threads spin before they sleep: 2**20 cycles (under a millisecond)
+#: rather than its default 2**28 (a tenth of a second at 2.5 GHz). Its threads start spinning
+#: as numpy is imported and after each call; on a shared host that CPU is taken from the other
+#: sandboxes: it made a third of a warm sandbox's numpy import (``bench/bench_warming.py``).
+BLAS_THREAD_TIMEOUT = "20"
+
+
 def environment(config: EvaluatorConfig, home: str = HOME) -> dict[str, str]:
     """The whole environment of the code, with the sandbox's paths (``home``: its working
     directory)."""
@@ -153,6 +160,7 @@ def environment(config: EvaluatorConfig, home: str = HOME) -> dict[str, str]:
         "MKL_NUM_THREADS": threads,
         "NUMEXPR_NUM_THREADS": threads,
         "VECLIB_MAXIMUM_THREADS": threads,
+        "OPENBLAS_THREAD_TIMEOUT": BLAS_THREAD_TIMEOUT,
         "MPLBACKEND": "Agg",
     }
 
