@@ -281,7 +281,8 @@ async def test_host_environment_is_invisible(
     assert set(ast.literal_eval(names)) == {
         "HOME", "PATH", "PWD", "LANG", "PYTHONUNBUFFERED", "PYTHONIOENCODING",
         "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-        "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "OPENBLAS_THREAD_TIMEOUT", "MPLBACKEND", "MPLCONFIGDIR", "TMPDIR",
+        "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "OPENBLAS_THREAD_TIMEOUT", "MPLBACKEND",
+        "MPLCONFIGDIR", "TMPDIR",
     }  # fmt: skip
     assert proc == "False False"
 
