@@ -137,7 +137,7 @@ def home_environment(home: str) -> dict[str, str]:
 #: How long OpenBLAS's idle threads spin before they sleep: 2**20 cycles (under a millisecond)
 #: rather than its default 2**28 (a tenth of a second at 2.5 GHz). Its threads start spinning
 #: as numpy is imported and after each call; on a shared host that CPU is taken from the other
-#: sandboxes: it made a third of a warm sandbox's numpy import (``bench/bench_warming.py``).
+#: sandboxes: a fifth of what a warm sandbox's numpy and pyplot take (``bench/bench_warming.py``).
 BLAS_THREAD_TIMEOUT = "20"
 
 

@@ -215,6 +215,34 @@ async def test_isolation_holds_in_a_warm_sandbox(evaluator: Evaluator) -> None:
         check(result.stdout)
 
 
+#: Prints the CPU seconds each of the interpreter's other threads (OpenBLAS's, from numpy's
+#: import in the warm sandbox) has used, a line each.
+OTHER_THREADS_CPU = """
+import os, threading, time
+time.sleep(0.2)
+ticks = os.sysconf("SC_CLK_TCK")
+for task in os.listdir("/proc/self/task"):
+    if int(task) != threading.get_native_id():
+        with open(f"/proc/self/task/{task}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        print((int(fields[11]) + int(fields[12])) / ticks)  # utime + stime
+"""
+
+
+async def test_openblas_threads_sleep_rather_than_spin(evaluator: Evaluator) -> None:
+    """By default each idle OpenBLAS thread spins 2**28 cycles (a tenth of a second) after
+    numpy's import before it sleeps: CPU taken from every other sandbox. A busy host can only
+    lower what they used, never raise it."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: OpenBLAS starts no thread beside the caller's")
+    result = await warm_run(evaluator, "-c", OTHER_THREADS_CPU)
+    assert result.returncode == 0, result.stdout
+    spent = [float(line) for line in result.stdout.split()]
+    # EVALUATOR_THREADS (4), at most one per CPU: the caller's and at least one more.
+    assert spent, result.stdout
+    assert max(spent) <= 0.02, spent
+
+
 async def test_the_request_pipe_is_closed_before_the_code_runs(evaluator: Evaluator) -> None:
     code = "import os\ntry:\n    os.fstat(5); print('open')\nexcept OSError:\n    print('closed')"
     result = await warm_run(evaluator, "-c", code)
