@@ -81,6 +81,7 @@ def main() -> None:
             **host.environment(EvaluatorConfig(), home=place),
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         }
+        os.makedirs(asleep["TMPDIR"])
         spinning = {k: v for k, v in asleep.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
         tables = Path(place, "artist-docs.json")
         subprocess.run([sys.executable, script, str(tables)], env=spinning, check=True)
@@ -94,7 +95,7 @@ def main() -> None:
         for order in rounds(list(ways), args.n):
             for way in order:
                 samples[way].append(cpu_seconds(*ways[way], args.modules))
-    print(f"import {args.modules}, then 0.2 s asleep: CPU seconds, {args.n} interleaved rounds")
+    print(f"import {args.modules}, then 0.2 s of sleep: CPU seconds, {args.n} interleaved rounds")
     print(f"{'way':<22}{'p25':>8}{'p50':>8}{'p75':>8}{'/ plain p50':>13}{'pairwise':>10}")
     plain = samples["plain"]
     for way, values in samples.items():

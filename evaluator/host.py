@@ -23,6 +23,7 @@ from .jail import SandboxView
 from .workdir import TMP_DIR
 
 __all__ = [
+    "BLAS_THREAD_TIMEOUT",
     "HOME",
     "HOME_ELSEWHERE",
     "MPLCONFIGDIR",
@@ -134,10 +135,10 @@ def home_environment(home: str) -> dict[str, str]:
     return {"HOME": home, "TMPDIR": f"{home}/{TMP_DIR}", "MPLCONFIGDIR": f"{home}/{MPLCONFIGDIR}"}
 
 
-#: How long OpenBLAS's idle threads spin before they sleep: 2**20 cycles (under a millisecond)
-#: rather than its default 2**28 (a tenth of a second at 2.5 GHz). Its threads start spinning
-#: as numpy is imported and after each call; on a shared host that CPU is taken from the other
-#: sandboxes: a fifth of what a warm sandbox's numpy and pyplot take (``bench/bench_warming.py``).
+#: How long OpenBLAS's idle threads spin before they sleep: 2**20 time-stamp ticks (under a
+#: millisecond) rather than its default 2**28 (a tenth of a second at 2.5 GHz). They spin after
+#: numpy's import and after each call that shared its work with them: CPU a shared host takes
+#: from the other sandboxes (a fifth of a warm sandbox's numpy and pyplot, bench_warming.py).
 BLAS_THREAD_TIMEOUT = "20"
 
 
