@@ -5,8 +5,8 @@ Every call without ``session_id`` takes a warm sandbox, and making one is mostly
 ``EVALUATOR_PREIMPORT``: under four agents calling at once on two cores, that CPU is what runs
 short (issue 31). The evaluator builds matplotlib's artist tables once at start
 (``evaluator/_artist_docs.py``) and each warm sandbox reads them instead of building them; and
-it tells OpenBLAS to put its idle threads to sleep at once (``OPENBLAS_THREAD_TIMEOUT``), where by
-default they spin for a tenth of a second after numpy's import.
+every run's environment has OpenBLAS's idle threads sleep within a millisecond
+(``OPENBLAS_THREAD_TIMEOUT``), where by default they spin a tenth of a second after numpy's import.
 
 This builds the tables as the start-up run does, then times, in a fresh interpreter each,
 interleaved: importing ``--modules`` as a warm agent before the tables and OpenBLAS's timeout
