@@ -91,6 +91,11 @@ class CommandLines:
         return self._config.executable
 
     @property
+    def view(self) -> SandboxView | None:
+        """What the sandboxes see of the host (``None``: runs are unsandboxed)."""
+        return self._view
+
+    @property
     def home(self) -> str:
         """The working directory inside the sandbox."""
         return self._view.home if self._view is not None else HOME

@@ -8,6 +8,12 @@ One run of ``_artist_docs.py`` in a sandbox made like the runs' (before any code
 builds both. Each is kept read-only in the evaluator's private directory; the runs' sandboxes
 bind the font list where matplotlib looks for it, and the warm sandboxes bind the tables and the
 script that reads them (:attr:`.CommandLines.artist_docs`).
+
+What was built depends only on the script, the interpreter and what the sandboxes see of the
+host, so it is built once a process: an evaluator started again in the same process (a test
+suite starts hundreds, a library's user may restart one) takes it rather than a CPU-second.
+Should matplotlib change meanwhile, nothing goes wrong: the tables name the matplotlib that built
+them and are not read by another, nor is a font list of another version.
 """
 
 from __future__ import annotations
@@ -15,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ._artist_docs import FONTLIST_BUILT, TABLES
@@ -44,6 +50,21 @@ _SCRIPT = Path(__file__).with_name("_artist_docs.py")
 _FONTLIST_BUILT = re.compile(rb"^%s(fontlist-v[\w.]+\.json)$" % FONTLIST_BUILT.encode(), re.M)
 
 
+@dataclass(frozen=True)
+class _Built:
+    """What a start-up run built: the font list (its name and bytes) and the tables' bytes
+    (``None``: not built, or not of their shape)."""
+
+    fontlist_name: str
+    fontlist: bytes
+    tables: bytes | None
+
+
+#: Every whole build of this process, by what it depends on (:func:`_key`). One that lost its
+#: tables (a limit met on a busy host) is not kept, so the next evaluator tries again.
+_built: dict[Hashable, _Built] = {}
+
+
 async def build(
     pool: SandboxPool,
     commands: CommandLines,
@@ -52,55 +73,88 @@ async def build(
     *,
     then: Callable[[], None],
 ) -> None:
-    """Build the font list and the tables once in a sandbox, keep them read-only in ``root``
-    and have the sandboxes bind them; ``then`` is called once that sandbox is disposed of,
-    whether anything was built or not."""
-    sandbox = None
+    """Build the font list and the tables once in a sandbox (or take what an evaluator of this
+    process built), keep them read-only in ``root`` and have the sandboxes bind them; ``then``
+    is called once that sandbox is disposed of, whether anything was built or not."""
     try:
-        sandbox = pool.prepare()
-        script = _keep(root, "artist_docs.py", _SCRIPT.read_bytes())
-        if not await sandbox.ready():
-            log.info("no prebuilt matplotlib font list: its sandbox did not start")
-            return
-        in_sandbox = f"{commands.home}/{MPLCONFIGDIR}"
-        command = [commands.default, ARTIST_DOCS_IN_SANDBOX, f"{in_sandbox}/{TABLES}"]
-        argv = commands.argv(command, sandbox.workdir, [(script, ARTIST_DOCS_IN_SANDBOX)])
-        sandbox.process.release(argv, START_UP_TIME_LIMIT)
-        outcome = await sandbox.process.wait(output_limit)
-        fontlist, tables = await asyncio.to_thread(_keep_built, sandbox.workdir, outcome, root)
-        if fontlist is None:
-            log.info(
-                "no prebuilt matplotlib font list (is matplotlib installed?): its run ended by "
-                "%s, status %d",
-                outcome.ended_by, outcome.returncode,
-            )  # fmt: skip
-            return
-        commands.fontlist = (fontlist, f"{in_sandbox}/{os.path.basename(fontlist)}")
-        if tables is None:
-            log.info("matplotlib's artist tables were not built: warm sandboxes build their own")
-            return
-        commands.artist_docs = (script, tables)
+        source = _SCRIPT.read_bytes()
+        script = _keep(root, "artist_docs.py", source)
+        key = _key(source, commands)
+        built = _built.get(key)
+        if built is None:
+            built = await _run(pool, commands, script, output_limit)
+            if built is not None and built.tables is not None:
+                _built[key] = built
+        else:
+            log.info("matplotlib's font list and artist tables: those built earlier")
+        if built is not None:
+            _use(built, commands, root, script)
     except Exception:  # the sandboxes build their own; the warm ones must still start
         log.exception("matplotlib's caches were not built")
     finally:
-        if sandbox is not None:
-            await pool.dispose(sandbox)
         then()
 
 
-def _keep_built(
-    workdir: Workdir, outcome: Outcome, root: WorkdirRoot
-) -> tuple[str | None, str | None]:
+def _key(source: bytes, commands: CommandLines) -> Hashable:
+    """What a build depends on: the script, the interpreter and what the sandboxes see of the
+    host (not their host name, each evaluator's own)."""
+    view = commands.view
+    seen = (view.readonly_paths, view.symlinks, view.env, view.home) if view else None
+    return source, commands.default, seen
+
+
+async def _run(
+    pool: SandboxPool, commands: CommandLines, script: str, output_limit: int
+) -> _Built | None:
+    """Run ``script`` in a sandbox of its own and read what it built (``None``: no font list)."""
+    sandbox = pool.prepare()
+    try:
+        if not await sandbox.ready():
+            log.info("no prebuilt matplotlib font list: its sandbox did not start")
+            return None
+        command = [commands.default, ARTIST_DOCS_IN_SANDBOX, f"{_in_sandbox(commands)}/{TABLES}"]
+        argv = commands.argv(command, sandbox.workdir, [(script, ARTIST_DOCS_IN_SANDBOX)])
+        sandbox.process.release(argv, START_UP_TIME_LIMIT)
+        outcome = await sandbox.process.wait(output_limit)
+        built = await asyncio.to_thread(_read_built, sandbox.workdir, outcome)
+    finally:
+        await pool.dispose(sandbox)
+    if built is None:
+        log.info(
+            "no prebuilt matplotlib font list (is matplotlib installed?): its run ended by "
+            "%s, status %d",
+            outcome.ended_by, outcome.returncode,
+        )  # fmt: skip
+    elif built.tables is None:
+        log.info("matplotlib's artist tables were not built: warm sandboxes build their own")
+    return built
+
+
+def _use(built: _Built, commands: CommandLines, root: WorkdirRoot, script: str) -> None:
+    """Keep what was built in ``root`` and have the sandboxes bind it."""
+    in_sandbox = _in_sandbox(commands)
+    fontlist = _keep(root, built.fontlist_name, built.fontlist)
+    commands.fontlist = (fontlist, f"{in_sandbox}/{built.fontlist_name}")
+    if built.tables is not None:
+        commands.artist_docs = (script, _keep(root, TABLES, built.tables))
+
+
+def _in_sandbox(commands: CommandLines) -> str:
+    """Where matplotlib keeps its caches in the sandbox."""
+    return f"{commands.home}/{MPLCONFIGDIR}"
+
+
+def _read_built(workdir: Workdir, outcome: Outcome) -> _Built | None:
     """The font list the start-up run named, and its tables if it ended well and they have
-    their shape, each kept in ``root`` (``None``: not built)."""
+    their shape (``None``: no font list)."""
     named = _FONTLIST_BUILT.search(outcome.output)
     name = named[1].decode() if named else ""
     fontlist = workdir.read(f"{MPLCONFIGDIR}/{name}", FONTLIST_MAX_BYTES) if name else None
     if fontlist is None:
-        return None, None
+        return None
     tables = workdir.read(f"{MPLCONFIGDIR}/{TABLES}", ARTIST_DOCS_MAX_BYTES)
     kept = outcome.returncode == 0 and tables is not None and _valid_tables(tables)
-    return _keep(root, name, fontlist), _keep(root, TABLES, tables) if kept and tables else None
+    return _Built(name, fontlist, tables if kept else None)
 
 
 def _keep(root: WorkdirRoot, name: str, data: bytes) -> str:

@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -97,6 +98,38 @@ async def test_a_warm_sandbox_reads_the_tables_the_evaluator_keeps(
         evaluator._commands.artist_docs = (script, kept)
 
 
+async def test_an_evaluator_started_again_takes_what_the_first_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One start-up run a process: the next evaluator keeps the same files in its own
+    directory, read-only, without a sandbox of its own."""
+    runs: list[object] = []
+    real_run = matplotlib_caches._run
+
+    async def counted(*args: Any) -> Any:
+        runs.append(args)
+        return await real_run(*args)
+
+    monkeypatch.setattr(matplotlib_caches, "_built", {})
+    monkeypatch.setattr(matplotlib_caches, "_run", counted)
+    kept: list[tuple[bytes, str, bytes]] = []
+    places: set[str] = set()
+    for _ in range(2):
+        async with Evaluator(config()) as started:
+            assert started._matplotlib_task is not None and started._commands is not None
+            await started._matplotlib_task
+            fontlist, artist_docs = started._commands.fontlist, started._commands.artist_docs
+            assert fontlist is not None and artist_docs is not None
+            for host in (fontlist[0], *artist_docs):
+                assert os.stat(host).st_mode & 0o777 == 0o444
+                places.add(host)
+            kept.append(
+                (Path(fontlist[0]).read_bytes(), fontlist[1], Path(artist_docs[1]).read_bytes())  # noqa: ASYNC240
+            )
+    assert len(runs) == 1
+    assert kept[0] == kept[1] and len(places) == 6
+
+
 #: A start-up script that builds a font list, says so, then fails (argv[1]: how).
 FAILING = r"""
 import os, sys, time
@@ -127,6 +160,8 @@ async def test_the_font_list_is_kept_when_the_run_fails_after_it(
         fontlist = started._commands.fontlist
         assert fontlist is not None and fontlist[1].endswith("/fontlist-v0.json")
         assert Path(fontlist[0]).read_bytes() == b"{}"  # noqa: ASYNC240
+    # Not kept for the next evaluator, which tries again.
+    assert all(b.fontlist_name != "fontlist-v0.json" for b in matplotlib_caches._built.values())
 
 
 async def test_a_warm_sandbox_without_pyplot_runs_no_tables() -> None:
