@@ -13,7 +13,9 @@ What was built depends only on the script, the interpreter and what the sandboxe
 host, so it is built once a process: an evaluator started again in the same process (a test
 suite starts hundreds, a library's user may restart one) takes it rather than a CPU-second.
 Should matplotlib change meanwhile, nothing goes wrong: the tables name the matplotlib that built
-them and are not read by another, nor is a font list of another version.
+them and are not read by another, nor is a font list of another version. They are then of no use
+(each warm sandbox builds its tables, each run its font list), as fonts added to the host go
+unseen, until the process starts again: as with matplotlib's own cache.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ._artist_docs import FONTLIST_BUILT, TABLES
 from .commands import ARTIST_DOCS_IN_SANDBOX, CommandLines
 from .host import MPLCONFIGDIR
+from .policy import SandboxView
 from .pool import SandboxPool
 from .pump import Outcome
 from .workdir import Workdir, WorkdirRoot
@@ -60,9 +63,12 @@ class _Built:
     tables: bytes | None
 
 
+#: The script's bytes, the default interpreter, the sandboxes' view (host name aside).
+_Key = tuple[bytes, str, SandboxView | None]
+
 #: Every whole build of this process, by what it depends on (:func:`_key`). One that lost its
 #: tables (a limit met on a busy host) is not kept, so the next evaluator tries again.
-_built: dict[Hashable, _Built] = {}
+_built: dict[_Key, _Built] = {}
 
 
 async def build(
@@ -86,21 +92,23 @@ async def build(
             if built is not None and built.tables is not None:
                 _built[key] = built
         else:
-            log.info("matplotlib's font list and artist tables: those built earlier")
+            log.info("matplotlib's font list and artist tables: this process's earlier build")
         if built is not None:
-            _use(built, commands, root, script)
+            fontlist, tables = await asyncio.to_thread(_keep_built, built, root)
+            commands.fontlist = (fontlist, f"{_in_sandbox(commands)}/{built.fontlist_name}")
+            if tables is not None:
+                commands.artist_docs = (script, tables)
     except Exception:  # the sandboxes build their own; the warm ones must still start
         log.exception("matplotlib's caches were not built")
     finally:
         then()
 
 
-def _key(source: bytes, commands: CommandLines) -> Hashable:
+def _key(source: bytes, commands: CommandLines) -> _Key:
     """What a build depends on: the script, the interpreter and what the sandboxes see of the
     host (not their host name, each evaluator's own)."""
     view = commands.view
-    seen = (view.readonly_paths, view.symlinks, view.env, view.home) if view else None
-    return source, commands.default, seen
+    return source, commands.default, replace(view, hostname="") if view is not None else None
 
 
 async def _run(
@@ -130,13 +138,10 @@ async def _run(
     return built
 
 
-def _use(built: _Built, commands: CommandLines, root: WorkdirRoot, script: str) -> None:
-    """Keep what was built in ``root`` and have the sandboxes bind it."""
-    in_sandbox = _in_sandbox(commands)
+def _keep_built(built: _Built, root: WorkdirRoot) -> tuple[str, str | None]:
+    """The font list and the tables (``None``: none), kept in ``root``."""
     fontlist = _keep(root, built.fontlist_name, built.fontlist)
-    commands.fontlist = (fontlist, f"{in_sandbox}/{built.fontlist_name}")
-    if built.tables is not None:
-        commands.artist_docs = (script, _keep(root, TABLES, built.tables))
+    return fontlist, _keep(root, TABLES, built.tables) if built.tables is not None else None
 
 
 def _in_sandbox(commands: CommandLines) -> str:

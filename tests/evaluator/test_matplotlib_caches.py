@@ -9,17 +9,21 @@ start-up run wrote is kept only if it has the tables' shape and size, read throu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import anyio
 import pytest
 
 from evaluator import Evaluator, matplotlib_caches
+from evaluator.commands import CommandLines
 from evaluator.fileops import read_regular
+from evaluator.policy import SandboxView
 from snekbox_client import EvalRequest
 
 from .conftest import config
@@ -128,6 +132,24 @@ async def test_an_evaluator_started_again_takes_what_the_first_built(
             )
     assert len(runs) == 1
     assert kept[0] == kept[1] and len(places) == 6
+
+
+def test_a_build_is_taken_again_only_with_the_same_script_interpreter_and_view() -> None:
+    view = SandboxView("/usr/bin/bwrap", ("/usr",), (), (("HOME", "/home"),), 1 << 20, "sb-1")
+
+    def key(source: bytes = b"script", default: str = "/usr/bin/python3", **changed: Any) -> Any:
+        commands = SimpleNamespace(default=default, view=dataclasses.replace(view, **changed))
+        return matplotlib_caches._key(source, cast(CommandLines, commands))
+
+    assert key(hostname="sb-2") == key()
+    others = [
+        key(b"another script"),
+        key(default="/opt/python3.13/bin/python3"),
+        key(readonly_paths=("/usr", "/opt/fonts")),
+        key(env=(("HOME", "/home"), ("MPLCONFIGDIR", "/tmp"))),
+        key(home="/tmp"),
+    ]
+    assert key() not in others and len(set(others)) == len(others)
 
 
 #: A start-up script that builds a font list, says so, then fails (argv[1]: how).
