@@ -626,6 +626,11 @@ async def test_a_cold_sessions_first_cell_goes_before_any_sandbox_is_made_again(
         assert ev._pool is not None
         if ev._matplotlib_task is not None:  # it makes a sandbox of its own
             await ev._matplotlib_task
+        # The start-up run's sandbox disposed of and made again: nothing else waited for that
+        # where matplotlib's caches were built earlier in the process (a busy host: seconds).
+        with anyio.fail_after(60):
+            while ev._pool._tasks:  # noqa: ASYNC110 - the pool's background work
+                await asyncio.sleep(0.01)
         await ev._pool.settled()
         events.clear()
         result = await ev.run(EvalRequest(args=("-c", "print(1)"), session="cold"))
