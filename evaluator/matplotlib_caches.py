@@ -10,8 +10,9 @@ bind the font list where matplotlib looks for it, and the warm sandboxes bind th
 script that reads them (:attr:`.CommandLines.artist_docs`).
 
 What was built depends only on the script, the interpreter and what the sandboxes see of the
-host, so it is built once a process: an evaluator started again in the same process (a test
-suite starts hundreds, a library's user may restart one) takes it rather than a CPU-second.
+host, so it is built once a process: an evaluator started again in the same process (a library's
+user may restart one; each process of this project's tests starts some 85) takes it rather than
+a CPU-second.
 Should matplotlib change meanwhile, nothing goes wrong: the tables name the matplotlib that built
 them and are not read by another, nor is a font list of another version. They are then of no use
 (each warm sandbox builds its tables, each run its font list), as fonts added to the host go

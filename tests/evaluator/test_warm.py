@@ -52,6 +52,17 @@ async def until_warm(evaluator: Evaluator, count: int = 1) -> None:
             await asyncio.sleep(0.05)
 
 
+async def until_idle(evaluator: Evaluator) -> None:
+    """Wait until the pool does nothing in the background: the start-up check run's sandbox
+    disposed of and made again (nothing else waited for that where matplotlib's caches were
+    built earlier in the process: seconds on a busy host), every sandbox asked for made."""
+    assert evaluator._pool is not None
+    with anyio.fail_after(240):
+        while evaluator._pool._tasks:  # noqa: ASYNC110 - the pool's background work
+            await asyncio.sleep(0.01)
+    await evaluator._pool.settled()
+
+
 @pytest.fixture(scope="module")
 async def evaluator() -> AsyncIterator[Evaluator]:
     async with Evaluator(
@@ -567,6 +578,7 @@ async def test_a_warm_sandbox_a_session_took_is_made_again_once_its_cell_ended()
     run): the end of the cell itself must."""
     async with Evaluator(config(warm_sandboxes=1, preimport=("json",), max_sessions=2)) as warm:
         await until_warm(warm)
+        await until_idle(warm)
         cell = await warm.run(EvalRequest(args=("-c", "x = 1"), session="takes-the-warm-one"))
         assert cell.returncode == 0 and warm.warm_sandboxes == 0
         with anyio.fail_after(60):  # nothing else happens: no run, no disposal
@@ -593,8 +605,7 @@ async def test_a_runs_answer_goes_before_the_warm_sandbox_it_took_is_made_again(
     monkeypatch.setattr(pool, "_REFILL_DURING", 3600)
     async with Evaluator(settings) as ev:
         await until_warm(ev)
-        assert ev._pool is not None
-        await ev._pool.settled()
+        await until_idle(ev)
         monkeypatch.setattr(SandboxMaker, "make_in_thread", noting_make)
         run = asyncio.ensure_future(ev.run(EvalRequest(args=("-c", "print(1)"), session=session)))
         await asyncio.wait({run})
@@ -626,12 +637,7 @@ async def test_a_cold_sessions_first_cell_goes_before_any_sandbox_is_made_again(
         assert ev._pool is not None
         if ev._matplotlib_task is not None:  # it makes a sandbox of its own
             await ev._matplotlib_task
-        # The start-up run's sandbox disposed of and made again: nothing else waited for that
-        # where matplotlib's caches were built earlier in the process (a busy host: seconds).
-        with anyio.fail_after(60):
-            while ev._pool._tasks:  # noqa: ASYNC110 - the pool's background work
-                await asyncio.sleep(0.01)
-        await ev._pool.settled()
+        await until_idle(ev)
         events.clear()
         result = await ev.run(EvalRequest(args=("-c", "print(1)"), session="cold"))
         assert result.stdout == "1\n", result
