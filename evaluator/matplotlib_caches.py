@@ -12,11 +12,10 @@ script that reads them (:attr:`.CommandLines.artist_docs`).
 What was built depends only on the script, the interpreter and what the sandboxes see of the
 host, so it is built once a process: an evaluator started again in the same process (a library's
 user may restart one; each process of this project's tests starts some 85) takes it rather than
-a CPU-second.
-Should matplotlib change meanwhile, nothing goes wrong: the tables name the matplotlib that built
-them and are not read by another, nor is a font list of another version. They are then of no use
-(each warm sandbox builds its tables, each run its font list), as fonts added to the host go
-unseen, until the process starts again: as with matplotlib's own cache.
+a CPU-second. Should matplotlib change meanwhile, nothing goes wrong: the tables name the
+matplotlib that built them and are not read by another, nor is a font list of another version.
+They are then of no use (each warm sandbox builds its tables, each run its font list), as fonts
+added to the host go unseen, until the process starts again: as with matplotlib's own cache.
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ async def build(
 ) -> None:
     """Build the font list and the tables once in a sandbox (or take what an evaluator of this
     process built), keep them read-only in ``root`` and have the sandboxes bind them; ``then``
-    is called once that sandbox is disposed of, whether anything was built or not."""
+    is called once that sandbox, if any, is disposed of, whether anything was built or not."""
     try:
         source = _SCRIPT.read_bytes()
         script = _keep(root, "artist_docs.py", source)
